@@ -1,0 +1,276 @@
+"""Replay buffer: a ring of packed transition rows preallocated on the training device.
+
+A row is `[observation | action | reward | not_done | next_observation]`, so a sampled batch
+splits without copies into the critic step's inputs `rows[:, :critic_input_size]` and its
+targets `rows[:, critic_input_size:]`. A sample is always exactly `batch_size` rows, drawn
+on the device, so it can feed a captured step's static buffers without a host sync.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from rl_graphstep.errors import ConfigError
+
+__all__ = ["ReplayBuffer", "Transition"]
+
+ArrayLike = np.ndarray | torch.Tensor
+
+
+class Transition(NamedTuple):
+    """Views into a batch of packed rows; rewards and not_dones are shaped (B, 1)."""
+
+    observations: torch.Tensor
+    actions: torch.Tensor
+    rewards: torch.Tensor
+    not_dones: torch.Tensor
+    next_observations: torch.Tensor
+
+
+def _format_bytes(nbytes: int) -> str:
+    if nbytes < 1024:
+        return f"{nbytes} B"
+    for exponent, unit in ((3, "GiB"), (2, "MiB"), (1, "KiB")):
+        if nbytes >= 1024**exponent:
+            return f"{nbytes / 1024**exponent:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def _available_memory(device: torch.device) -> tuple[int, str] | None:
+    """Bytes a buffer on `device` may use and a phrase naming them; None if unknown."""
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        return free, f"{device} has {_format_bytes(free)} free"
+    if device.type == "cpu":
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (AttributeError, ValueError, OSError):
+            return None  # no sysconf (Windows): let the allocation itself decide
+        return total, f"this machine has {_format_bytes(total)} of memory"
+    return None
+
+
+class ReplayBuffer:
+    """A fixed-capacity ring of transitions stored as one (capacity, row_size) device tensor.
+
+    Args:
+        capacity: rows kept; once full, each new row overwrites the oldest.
+        observation_size: length of a flat observation.
+        action_size: length of a flat action.
+        device: where the storage lives (the training device).
+        dtype: floating dtype of the storage.
+
+    Raises `ConfigError` when the capacity is below 1 or the storage would not fit in the
+    device's free memory (the machine's physical memory for the CPU).
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        observation_size: int,
+        action_size: int,
+        device: torch.device | str,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if capacity < 1:
+            raise ConfigError(f"replay buffer size must be at least 1, got {capacity}")
+        if not dtype.is_floating_point:
+            raise ConfigError(f"replay buffer dtype must be a floating type, got {dtype}")
+        self.capacity = int(capacity)
+        self.observation_size = int(observation_size)
+        self.action_size = int(action_size)
+        self.critic_input_size = self.observation_size + self.action_size
+        self.row_size = 2 * self.observation_size + self.action_size + 2
+        self.dtype = dtype
+        self._check_fits(torch.device(device))
+        self.storage = torch.zeros(self.capacity, self.row_size, dtype=dtype, device=device)
+        # The storage's device, so a bare "cuda" reads back as "cuda:0".
+        self.device = self.storage.device
+        self._position = 0  # the row the next add writes first
+        self._size = 0
+        self._staging: torch.Tensor | None = None
+        self._staging_free: torch.cuda.Event | None = None
+
+    def _check_fits(self, device: torch.device) -> None:
+        needed = self.capacity * self.row_size * self.dtype.itemsize
+        available = _available_memory(device)
+        if available is None or needed <= available[0]:
+            return
+        free, where = available
+        fitting = free // (self.row_size * self.dtype.itemsize)
+        raise ConfigError(
+            f"replay buffer of {self.capacity:,} rows x {self.row_size} needs "
+            f"{needed / 2**30:.1f} GiB but {where}; "
+            f"use a smaller --buffer-size (at most {fitting:,} fit)"
+        )
+
+    def __len__(self) -> int:
+        """Rows filled so far (at most `capacity`)."""
+        return self._size
+
+    @property
+    def position(self) -> int:
+        """The ring index the next added row goes to."""
+        return self._position
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the storage tensor."""
+        return self.storage.numel() * self.storage.element_size()
+
+    def describe(self) -> str:
+        """One line for the run log, e.g. `replay buffer: 1,000 rows x 24 float32 on cpu = ...`."""
+        dtype = str(self.dtype).removeprefix("torch.")
+        return (
+            f"replay buffer: {self.capacity:,} rows x {self.row_size} {dtype} "
+            f"on {self.device} = {_format_bytes(self.nbytes)}"
+        )
+
+    def add(
+        self,
+        observations: ArrayLike,
+        actions: ArrayLike,
+        rewards: ArrayLike,
+        next_observations: ArrayLike,
+        terminations: ArrayLike,
+    ) -> None:
+        """Append n transitions (one per parallel env), overwriting the oldest when full.
+
+        `observations`/`next_observations` are (n, observation_size), `actions` is
+        (n, action_size), `rewards` and `terminations` are (n,) or (n, 1). Pass terminations
+        only, never `terminations | truncations`: a truncated episode must still bootstrap.
+        The rows are packed on the host and copied to the device in one transfer.
+        """
+        n = _leading_size(observations)
+        columns = (
+            ("observations", observations, self.observation_size),
+            ("actions", actions, self.action_size),
+            ("rewards", rewards, 1),
+            ("terminations", terminations, 1),
+            ("next_observations", next_observations, self.observation_size),
+        )
+        parts = [_as_columns(name, value, n, width) for name, value, width in columns]
+        staging = self._staging_rows(n)
+        obs, act, rew, term, next_obs = parts
+        o, c = self.observation_size, self.critic_input_size
+        staging[:, :o] = obs
+        staging[:, o:c] = act
+        staging[:, c : c + 1] = rew
+        staging[:, c + 1 : c + 2] = 1.0 - term.to(self.dtype)
+        staging[:, c + 2 :] = next_obs
+        self._write(staging)
+
+    def _staging_rows(self, n: int) -> torch.Tensor:
+        """A host tensor of n rows to pack into; pinned when the storage is on CUDA."""
+        if self._staging is None or self._staging.shape[0] != n:
+            pin = self.device.type == "cuda"
+            self._staging = torch.empty(n, self.row_size, dtype=self.dtype, pin_memory=pin)
+            self._staging_free = None
+        elif self._staging_free is not None:
+            # The previous non-blocking copy may still be reading the pinned rows.
+            self._staging_free.synchronize()
+        return self._staging
+
+    def _write(self, rows: torch.Tensor) -> None:
+        n = rows.shape[0]
+        kept = min(n, self.capacity)  # a batch longer than the ring keeps only its last rows
+        rows = rows[n - kept :]
+        start = (self._position + n - kept) % self.capacity
+        non_blocking = self.device.type == "cuda"
+        if start + kept <= self.capacity:
+            self.storage[start : start + kept].copy_(rows, non_blocking=non_blocking)
+        else:
+            # The batch straddles the end: one transfer, then scatter with device-made indices.
+            on_device = rows.to(self.device, non_blocking=non_blocking)
+            index = torch.arange(start, start + kept, device=self.device) % self.capacity
+            self.storage.index_copy_(0, index, on_device)
+        if non_blocking:
+            self._staging_free = torch.cuda.Event()
+            self._staging_free.record()
+        self._position = (self._position + n) % self.capacity
+        self._size = min(self._size + n, self.capacity)
+
+    def sample(self, batch_size: int, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Exactly `batch_size` packed rows drawn uniformly, with replacement, from the filled part.
+
+        The indices are drawn on the device from its default generator and gathered with
+        `index_select`, so sampling never waits for the device. Pass `out` (batch_size,
+        row_size) to gather straight into a captured step's static input.
+        """
+        if self._size == 0:
+            raise RuntimeError("cannot sample from an empty replay buffer; add transitions first")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        index = torch.randint(0, self._size, (batch_size,), device=self.device)
+        if out is None:
+            return torch.index_select(self.storage, 0, index)
+        return torch.index_select(self.storage, 0, index, out=out)
+
+    def split(self, rows: torch.Tensor) -> Transition:
+        """Views of packed rows as a `Transition` (no copies)."""
+        o, c = self.observation_size, self.critic_input_size
+        return Transition(
+            observations=rows[:, :o],
+            actions=rows[:, o:c],
+            rewards=rows[:, c : c + 1],
+            not_dones=rows[:, c + 1 : c + 2],
+            next_observations=rows[:, c + 2 :],
+        )
+
+    def split_targets(
+        self, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(rewards, not_dones, next_observations) views of critic targets.
+
+        `targets` is `rows[:, critic_input_size:]`, what the captured critic step receives;
+        rewards and not_dones come back shaped (B, 1).
+        """
+        return targets[:, :1], targets[:, 1:2], targets[:, 2:]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The filled rows (as a CPU tensor), ring position and size, for a checkpoint."""
+        return {
+            "storage": self.storage[: self._size].detach().cpu(),
+            "position": self._position,
+            "size": self._size,
+            "capacity": self.capacity,
+            "row_size": self.row_size,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` saved, into this buffer's existing storage."""
+        if state["capacity"] != self.capacity or state["row_size"] != self.row_size:
+            raise ConfigError(
+                f"the checkpoint's replay buffer is {state['capacity']:,} rows x "
+                f"{state['row_size']}, this one is {self.capacity:,} x {self.row_size}; "
+                f"resume with --buffer-size {state['capacity']} and the same environment"
+            )
+        size = int(state["size"])
+        self.storage[:size].copy_(state["storage"])
+        self._position = int(state["position"])
+        self._size = size
+
+
+def _leading_size(value: ArrayLike) -> int:
+    shape = tuple(value.shape)
+    if len(shape) != 2:
+        raise ValueError(
+            f"observations must be shaped (num_envs, observation_size), got shape {shape}"
+        )
+    return shape[0]
+
+
+def _as_columns(name: str, value: ArrayLike, n: int, width: int) -> torch.Tensor:
+    """`value` as a host tensor of shape (n, width), or a ValueError naming the argument."""
+    tensor = value.detach().cpu() if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    shape = tuple(tensor.shape)
+    if shape == (n,) and width == 1:
+        return tensor.reshape(n, 1)
+    if shape != (n, width):
+        expected = f"({n},) or ({n}, 1)" if width == 1 else f"({n}, {width})"
+        raise ValueError(f"{name} must have shape {expected}, got {shape}")
+    return tensor

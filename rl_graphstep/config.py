@@ -1,0 +1,325 @@
+"""The typed run configuration: dataclass defaults < the env's default YAML < --config < flags."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import importlib.resources
+import math
+import typing
+from collections.abc import Mapping, Sequence
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rl_graphstep.errors import ConfigError
+
+ALGORITHMS: tuple[str, ...] = ("sac",)
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+GRAPH_MODES: tuple[str, ...] = ("auto", "on", "off")
+
+# Env-id base names (before "-vN") that share the MuJoCo default hyperparameters.
+MUJOCO_ENVS: frozenset[str] = frozenset(
+    {
+        "Ant",
+        "HalfCheetah",
+        "Hopper",
+        "Humanoid",
+        "HumanoidStandup",
+        "InvertedDoublePendulum",
+        "InvertedPendulum",
+        "Pusher",
+        "Reacher",
+        "Swimmer",
+        "Walker2d",
+    }
+)
+
+
+def option(default: Any, help: str) -> Any:
+    """A dataclass field with a default and the help text its command-line flag shows."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Every setting of a training run; defaults follow CleanRL's sac_continuous_action.py."""
+
+    env_id: str = option("Pendulum-v1", "gymnasium environment id")
+    algo: str = option("sac", f"algorithm, one of {', '.join(ALGORITHMS)}")
+    seed: int = option(1, "seed of python, numpy, torch and the environments")
+    total_timesteps: int = option(1_000_000, "environment steps of the whole run")
+    device: str = option("auto", "where to train: auto (cuda if available), cpu or cuda")
+    graph: str = option("auto", "captured CUDA-graph updates: auto (on with cuda), on or off")
+    run_name: str | None = option(
+        None, "run folder under --log-dir; None: {env_id}__{algo}__{seed}__{unix time}"
+    )
+    log_dir: str = option("runs", "folder that holds the tensorboard run folders")
+    num_envs: int = option(1, "parallel environments of the vector env")
+    buffer_size: int = option(1_000_000, "replay buffer capacity in transitions")
+    batch_size: int = option(256, "rows per gradient update")
+    gamma: float = option(0.99, "discount factor")
+    tau: float = option(0.005, "target critic Polyak averaging rate")
+    learning_starts: int = option(5000, "environment steps of random actions before learning")
+    policy_lr: float = option(3e-4, "actor (and temperature) learning rate")
+    q_lr: float = option(1e-3, "critic learning rate")
+    policy_frequency: int = option(2, "critic updates per actor update (delayed actor)")
+    target_network_frequency: int = option(1, "critic updates per target critic update")
+    alpha: float = option(0.2, "initial entropy temperature")
+    autotune: bool = option(True, "learn the temperature towards the target entropy")
+    hidden_sizes: tuple[int, ...] = option((256, 256), "hidden layer widths of actor and critic")
+    critic_max_grad_norm: float = option(100.0, "critic gradient-norm clip")
+    actor_max_grad_norm: float = option(100.0, "actor gradient-norm clip")
+    log_interval: int = option(1000, "environment steps between tensorboard writes")
+    progress: bool = option(True, "show a progress bar")
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            # Direct construction gets the same type checks as YAML (and lists become tuples,
+            # so a Config stays hashable); frozen, hence object.__setattr__.
+            object.__setattr__(self, f.name, _coerce(f.name, getattr(self, f.name)))
+            problem = _value_problem(f.name, getattr(self, f.name))
+            if problem:
+                raise ConfigError(f"{_flag(f.name)} {problem}")
+        if self.autotune and self.alpha == 0:
+            raise ConfigError("--alpha must be > 0 with --autotune (it starts log(alpha)), got 0.0")
+
+
+FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(Config)}
+# Resolved annotations (the module uses postponed evaluation, so f.type is a string).
+_TYPES: dict[str, Any] = typing.get_type_hints(Config)
+
+_POSITIVE_INTS = (
+    "total_timesteps",
+    "num_envs",
+    "buffer_size",
+    "batch_size",
+    "policy_frequency",
+    "target_network_frequency",
+    "log_interval",
+)
+_CHOICES: dict[str, tuple[str, ...]] = {"algo": ALGORITHMS, "device": DEVICES, "graph": GRAPH_MODES}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _value_problem(name: str, value: Any) -> str | None:
+    """What is wrong with one (already well-typed) value, or None when it is fine."""
+    if name in _CHOICES and value not in _CHOICES[name]:
+        return f"must be one of {', '.join(_CHOICES[name])}, got {value!r}"
+    if name in _POSITIVE_INTS and value <= 0:
+        return f"must be a positive int, got {value!r}"
+    if name in ("seed", "learning_starts") and value < 0:
+        return f"must be >= 0, got {value!r}"
+    if name == "tau" and not 0 < value <= 1:
+        return f"must be in (0, 1], got {value!r}"
+    if name == "gamma" and not 0 <= value <= 1:
+        return f"must be in [0, 1], got {value!r}"
+    if name in ("policy_lr", "q_lr", "critic_max_grad_norm", "actor_max_grad_norm") and not (
+        value > 0
+    ):
+        return f"must be > 0, got {value!r}"
+    if name == "alpha" and not (value >= 0 and math.isfinite(value)):
+        return f"must be a finite number >= 0, got {value!r}"
+    if name == "hidden_sizes" and (not value or any(w <= 0 for w in value)):
+        return f"must be one or more positive ints, got {list(value)!r}"
+    if name in ("env_id", "log_dir", "run_name") and value == "":
+        return "must not be empty"
+    return None
+
+
+# ----------------------------------------------------------------------------- typed values
+
+
+def _as_int(value: Any) -> int:
+    # bool is an int subclass, but `batch_size: true` is a mistake, not 1.
+    if isinstance(value, bool):
+        raise TypeError
+    if isinstance(value, int):
+        return value
+    # PyYAML follows YAML 1.1, where 1e6 is a string and 1.0e+6 a float: accept both when whole.
+    number = float(value) if isinstance(value, (str, float)) else math.nan
+    if not number.is_integer():
+        raise TypeError
+    return int(number)
+
+
+def _as_float(value: Any) -> float:
+    if isinstance(value, bool):
+        raise TypeError
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):  # YAML 1.1 reads 3e-4 as a string
+        return float(value)
+    raise TypeError
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Convert one YAML/dict value to the field's type; ConfigError names what was expected."""
+    kind = _TYPES[name]
+    expected = {int: "an int", float: "a number", bool: "true or false", str: "a string"}
+    try:
+        if kind is int:
+            return _as_int(value)
+        if kind is float:
+            return _as_float(value)
+        if kind is bool:
+            if not isinstance(value, bool):
+                raise TypeError
+            return value
+        if kind in (str, str | None):
+            if value is None and kind is not str:
+                return None
+            if not isinstance(value, str):
+                raise TypeError
+            return value
+        # tuple[int, ...]
+        if not isinstance(value, (list, tuple)):
+            raise TypeError
+        return tuple(_as_int(v) for v in value)
+    except (TypeError, ValueError):
+        what = expected.get(kind, "a string or null" if kind == str | None else "a list of ints")
+        raise ConfigError(f"{name} must be {what}, got {value!r}") from None
+
+
+def _coerce_mapping(data: Mapping[Any, Any], source: str) -> dict[str, Any]:
+    """Check keys, types and values of a partial config mapping; `source` names it in errors."""
+    out: dict[str, Any] = {}
+    for key, raw in data.items():
+        if key not in FIELDS:
+            close = difflib.get_close_matches(str(key), FIELDS, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(
+                f"unknown config key {key!r} in {source}{hint}; valid keys: {', '.join(FIELDS)}"
+            )
+        try:
+            value = _coerce(key, raw)
+        except ConfigError as err:
+            raise ConfigError(f"{err} in {source}") from None
+        problem = _value_problem(key, value)
+        if problem:
+            raise ConfigError(f"{key} {problem} in {source}")
+        out[key] = value
+    return out
+
+
+def config_from_dict(data: Mapping[str, Any], source: str = "the config mapping") -> Config:
+    """Build a Config from a (partial) mapping of field names; missing keys keep defaults."""
+    return Config(**_coerce_mapping(data, source))
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain YAML/JSON-safe values (tuples become lists); config_from_dict round-trips it."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
+
+
+def to_markdown_table(cfg: Config) -> str:
+    """A `| key | value |` table of every field, for tensorboard's text panel."""
+    rows = [f"| {k} | {_cell(v)} |" for k, v in config_to_dict(cfg).items()]
+    return "\n".join(["| key | value |", "|---|---|", *rows])
+
+
+def _cell(value: Any) -> str:
+    # A bare "|" would end the markdown cell early.
+    return str(value).replace("|", "\\|")
+
+
+# ----------------------------------------------------------------------------- YAML files
+
+
+def default_config_file(env_id: str, algo: str = "sac") -> Traversable | None:
+    """The shipped `configs/{algo}_{family}.yaml` tuned for env_id's family, or None."""
+    base = env_id.rsplit("/", 1)[-1].split("-v")[0]
+    family = "pendulum" if base == "Pendulum" else "mujoco" if base in MUJOCO_ENVS else None
+    if family is None:
+        return None
+    path = importlib.resources.files("rl_graphstep.configs") / f"{algo}_{family}.yaml"
+    return path if path.is_file() else None
+
+
+def read_config_file(path: Path | Traversable | str) -> dict[str, Any]:
+    """Read, type-check and value-check one YAML config file (a partial mapping of fields)."""
+    path = Path(path) if isinstance(path, str) else path
+    name = str(path)
+    if not path.is_file():
+        what = "is not a file" if isinstance(path, Path) and path.exists() else "does not exist"
+        raise ConfigError(f"config file {name!r} {what}")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"config file {name!r} is not valid YAML{where}: {problem}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"config file {name!r} cannot be read: {err}") from None
+    if data is None:  # an empty file (or only comments) changes nothing
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"config file {name!r} must be a mapping of key: value lines, "
+            f"got a YAML {type(data).__name__}"
+        )
+    return _coerce_mapping(data, name)
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """One --kebab-case flag per Config field; flags not given stay absent from the namespace."""
+    parser = argparse.ArgumentParser(
+        prog="python -m rl_graphstep.train",
+        description="Train an off-policy actor-critic agent with CUDA-graph-captured updates.",
+        epilog=(
+            "Precedence: built-in defaults < the env's shipped YAML (configs/sac_pendulum.yaml "
+            "for Pendulum-v1, configs/sac_mujoco.yaml for MuJoCo envs; only without --config) "
+            "< --config FILE < flags given here."
+        ),
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument(
+        "--config", metavar="FILE", help="YAML file of field: value overrides (keys as below)"
+    )
+    for name, f in FIELDS.items():
+        kind = _TYPES[name]
+        help_text = f"{f.metadata['help']} (default: {_show(f.default)})"
+        flags = [_flag(name), "--env"] if name == "env_id" else [_flag(name)]
+        if kind is bool:
+            parser.add_argument(*flags, action=argparse.BooleanOptionalAction, help=help_text)
+        elif kind == tuple[int, ...]:
+            parser.add_argument(*flags, type=int, nargs="+", metavar="N", help=help_text)
+        elif name in _CHOICES:
+            # Choices are validated by Config, so flags and YAML share one error message.
+            metavar = "{" + ",".join(_CHOICES[name]) + "}"
+            parser.add_argument(*flags, type=str, metavar=metavar, help=help_text)
+        else:
+            scalar = kind if kind in (int, float) else str
+            metavar = {int: "INT", float: "FLOAT"}.get(kind, "ID" if name == "env_id" else "STR")
+            parser.add_argument(*flags, type=scalar, metavar=metavar, help=help_text)
+    return parser
+
+
+def _show(default: Any) -> str:
+    if isinstance(default, tuple):
+        return " ".join(map(str, default))
+    return str(default)
+
+
+def load_config(argv: Sequence[str] | None = None) -> Config:
+    """Parse argv (sys.argv[1:] when None) into a validated Config; user errors: ConfigError."""
+    given = vars(build_parser().parse_args(argv))
+    config_file = given.pop("config", None)
+    if "hidden_sizes" in given:
+        given["hidden_sizes"] = tuple(given["hidden_sizes"])
+    if config_file is None:
+        env_id = given.get("env_id", FIELDS["env_id"].default)
+        config_file = default_config_file(env_id, given.get("algo", FIELDS["algo"].default))
+    from_file = read_config_file(config_file) if config_file is not None else {}
+    # Flag values are typed by argparse; Config checks their values with --flag naming.
+    return Config(**{**from_file, **given})

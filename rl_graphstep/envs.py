@@ -1,0 +1,167 @@
+"""Gymnasium environments: building the vector env, checking its spaces, reading its step infos.
+
+The vector env autoresets in SAME_STEP mode: when an episode ends, `step` already returns the
+first observation of the next one, and the true final observation is in `infos["final_obs"]`
+(mask `infos["_final_obs"]`). `true_next_observations` puts it back for the replay buffer.
+"""
+
+from __future__ import annotations
+
+import difflib
+import random
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium import error as gym_error
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.wrappers.vector import RecordEpisodeStatistics
+
+from rl_graphstep.errors import ConfigError, EnvError
+
+__all__ = [
+    "check_continuous_spaces",
+    "finished_episodes",
+    "make_vec_env",
+    "scale_action",
+    "seed_everything",
+    "true_next_observations",
+    "unscale_action",
+]
+
+
+def make_vec_env(
+    env_id: str, *, num_envs: int = 1, seed: int, asynchronous: bool = False
+) -> VectorEnv:
+    """Build `num_envs` copies of `env_id` as one vector env with episode statistics.
+
+    Autoreset is SAME_STEP (see the module docstring) and the env is wrapped in the vector
+    `RecordEpisodeStatistics`, so `finished_episodes(infos)` can read returns and lengths.
+    The action space is seeded with `seed`; the env itself is not reset: the caller seeds it
+    with its first `envs.reset(seed=seed)` (gymnasium gives copy i the seed `seed + i`).
+
+    Raises `EnvError` for an unknown id (with close matches) or a missing MuJoCo install.
+    """
+    if num_envs < 1:
+        raise ConfigError(f"num_envs must be at least 1, got {num_envs}")
+    try:
+        envs = gym.make_vec(
+            env_id,
+            num_envs=num_envs,
+            vectorization_mode="async" if asynchronous else "sync",
+            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+        )
+    except gym_error.DependencyNotInstalled as exc:
+        raise EnvError(_missing_dependency_message(env_id, exc)) from exc
+    except gym_error.Error as exc:
+        # NameNotFound, VersionNotFound and NamespaceNotFound subclass UnregisteredEnv; a
+        # malformed id is a bare gym Error. Any of them on an unregistered id means the id is
+        # the problem; other gym errors on a registered id are not ours to reword.
+        if isinstance(exc, gym_error.UnregisteredEnv) or env_id not in gym.envs.registry:
+            raise EnvError(_unknown_env_message(env_id)) from exc
+        raise
+    envs = RecordEpisodeStatistics(envs)
+    envs.action_space.seed(seed)
+    envs.single_action_space.seed(seed)
+    return envs
+
+
+def _unknown_env_message(env_id: str) -> str:
+    """The one-line error for an id gymnasium does not know, with the closest registered ids."""
+    known = list(gym.envs.registry.keys())
+    # Compare case-insensitively so 'pendulum-v1' still finds 'Pendulum-v1'.
+    by_lower = {name.lower(): name for name in known}
+    # Only the best match: one name is a clear suggestion, a list reads as a puzzle.
+    matches = difflib.get_close_matches(env_id.lower(), list(by_lower), n=1, cutoff=0.6)
+    if matches:
+        hint = f"did you mean {by_lower[matches[0]]}?"
+    else:
+        hint = "no registered environment has a similar name"
+    return f"unknown environment {env_id!r}; {hint} (see gymnasium.envs.registry for the list)"
+
+
+def _missing_dependency_message(env_id: str, exc: Exception) -> str:
+    entry_point = str(getattr(gym.envs.registry.get(env_id), "entry_point", ""))
+    if "mujoco" in entry_point.lower() or "mujoco" in str(exc).lower():
+        return (
+            f"environment {env_id!r} needs MuJoCo, which is not installed; "
+            'run pip install "rl_graphstep[mujoco]"'
+        )
+    reason = " ".join(str(exc).split())
+    return f"environment {env_id!r} needs a package that is not installed: {reason}"
+
+
+def check_continuous_spaces(
+    env_id: str,
+    observation_space: gym.Space,
+    action_space: gym.Space,
+    algo: str = "sac",
+) -> None:
+    """Raise `EnvError` unless the spaces suit a continuous-action agent.
+
+    Pass the single-env spaces (`envs.single_observation_space`, `envs.single_action_space`).
+    The action space must be a 1-D `Box` with finite bounds (the policy's [-1, 1] output is
+    scaled onto them); the observation space must be a 1-D `Box` (the networks are MLPs).
+    """
+    name = algo.upper()
+    if not isinstance(action_space, gym.spaces.Box):
+        raise EnvError(f"{name} needs a continuous action space; {env_id} has {action_space}")
+    if len(action_space.shape) != 1:
+        raise EnvError(f"{name} needs a flat (1-D) Box action space; {env_id} has {action_space}")
+    if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
+        raise EnvError(
+            f"{name} needs an action space with finite bounds; {env_id} has {action_space}"
+        )
+    if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
+        raise EnvError(
+            f"{name} needs a flat Box observation space; {env_id} has {observation_space} "
+            "(wrap it in gymnasium.wrappers.FlattenObservation)"
+        )
+
+
+def true_next_observations(next_obs: np.ndarray, infos: dict) -> np.ndarray:
+    """The observations that really followed this step's actions, for the replay buffer.
+
+    Where an episode ended this step, SAME_STEP autoreset has already put the next episode's
+    first observation in `next_obs`; the real last one is in `infos["final_obs"]`. Store
+    `terminations` (not `terminations | truncations`) as done, so a time-limit truncation still
+    bootstraps from this final observation.
+    """
+    mask = infos.get("_final_obs")
+    if mask is None or not np.any(mask):
+        return next_obs
+    real = np.array(next_obs, copy=True)
+    # final_obs is an object array (None where no episode ended), so stack the present ones.
+    real[mask] = np.stack(infos["final_obs"][mask]).astype(real.dtype, copy=False)
+    return real
+
+
+def finished_episodes(infos: dict) -> list[tuple[float, int]]:
+    """(return, length) of each episode that ended this step, from RecordEpisodeStatistics."""
+    if "episode" not in infos:
+        return []
+    stats = infos["episode"]
+    done = np.flatnonzero(infos["_episode"])
+    return [(float(stats["r"][i]), int(stats["l"][i])) for i in done]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's `random`, NumPy's global generator and torch (CPU and every CUDA device)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    # manual_seed already seeds CUDA lazily; being explicit keeps the intent visible.
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def scale_action(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Map a policy action in [-1, 1] onto the env's bounds [low, high]."""
+    scaled = low + (np.asarray(action) + 1.0) * 0.5 * (high - low)
+    # Rounding at ±1 may land a hair outside the bounds, which some envs reject.
+    return np.clip(scaled, low, high)
+
+
+def unscale_action(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """Map an env action in [low, high] back into the policy's [-1, 1] (the inverse of scale)."""
+    return 2.0 * (np.asarray(action) - low) / (high - low) - 1.0

@@ -1,0 +1,529 @@
+"""The adaptation step: one fixed-shape update (forward, loss, backward, gradient transform,
+optimizer step), captured once as a CUDA graph and replayed, or run eagerly by its twin.
+
+Both classes share ``capture(...)`` and ``__call__(...)``, so a training loop has one code path;
+:func:`make_adaptation_step` picks the graph on CUDA and the eager twin elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from rl_graphstep.errors import CaptureError
+
+TensorLoss = Callable[[Any, Tensor], Tensor]
+"""``loss_function(prediction, targets)``: a scalar, differentiable tensor."""
+
+GradientTransform = Callable[[], None]
+"""Run after backward and before the optimizer step, e.g. gradient-norm clipping."""
+
+# Optimizers whose CUDA step can be captured once built with ``capturable=True``.
+CAPTURABLE_OPTIMIZERS = (
+    "Adam", "AdamW", "RMSprop", "NAdam", "RAdam", "Adamax", "Adadelta", "ASGD", "Rprop",
+)
+
+# Fresh optimizer state is all zeros except these entries (filled from the param group).
+_FRESH_STATE_FROM_GROUP: dict[str, dict[str, Callable[[dict], float]]] = {
+    "Rprop": {"step_size": lambda group: float(group["lr"])},
+    "ASGD": {"eta": lambda group: float(group["lr"]), "mu": lambda group: 1.0},
+    "NAdam": {"mu_product": lambda group: 1.0},
+}
+
+_HOST_SYNC_HINT = (
+    "a CUDA graph cannot run code that waits for the GPU: remove .item(), float(t), bool(t), "
+    "print(t), Python `if` on a tensor, .nonzero(), boolean-mask indexing, .cpu()/.numpy() and "
+    "torch.tensor(python_value, device='cuda') from the step (use torch.where and device "
+    "tensors instead), or run it eagerly (--graph off)"
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Gradient-norm clipping
+# --------------------------------------------------------------------------------------------
+
+
+class GradNormClip:
+    """Clip the gradients' total 2-norm to ``max_norm``; keep the pre-clip norm in ``self.norm``.
+
+    ``self.norm`` is a preallocated 0-dim float32 tensor updated in place, so inside a CUDA
+    graph every replay refreshes it and a logger can read it without re-allocations. The
+    clipping itself never syncs with the host (``clip_grad_norm_`` scales by
+    ``min(1, max_norm / (norm + 1e-6))`` on the device). ``max_norm=inf`` only records.
+    """
+
+    def __init__(self, parameters: Iterable[Tensor], max_norm: float) -> None:
+        self.parameters = [p for p in parameters if p.requires_grad]
+        if not self.parameters:
+            raise ValueError("clip_grad_norm needs at least one parameter that requires grad")
+        if not max_norm > 0:
+            raise ValueError(f"max_norm must be > 0, got {max_norm}")
+        self.max_norm = float(max_norm)
+        self.norm = torch.zeros((), dtype=torch.float32, device=self.parameters[0].device)
+
+    def __call__(self) -> None:
+        total = nn.utils.clip_grad_norm_(self.parameters, self.max_norm)
+        self.norm.copy_(total)
+
+
+def clip_grad_norm(parameters: Iterable[Tensor], max_norm: float) -> GradNormClip:
+    """A capture-safe :data:`GradientTransform` clipping ``parameters`` to ``max_norm``."""
+    return GradNormClip(parameters, max_norm)
+
+
+# --------------------------------------------------------------------------------------------
+# Shared pieces of both steps
+# --------------------------------------------------------------------------------------------
+
+
+def _selected_parameters(optimizer: torch.optim.Optimizer) -> list[Tensor]:
+    return [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+
+
+def _check_tensor(name: str, value: Any, expected: Tensor) -> None:
+    """Raise a clear error when ``value`` does not match the captured ``expected`` tensor."""
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if value.dtype != expected.dtype:
+        raise TypeError(f"{name} has dtype {value.dtype}, expected {expected.dtype}")
+    if value.shape != expected.shape:
+        raise ValueError(
+            f"{name} has shape {tuple(value.shape)}, expected {tuple(expected.shape)} "
+            "(a captured step has a fixed shape)"
+        )
+    if value.device != expected.device:
+        raise ValueError(f"{name} is on {value.device}, expected {expected.device}")
+
+
+def _check_is_tensor(**tensors: Any) -> None:
+    for name, value in tensors.items():
+        if not isinstance(value, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+
+
+def _check_scalar_loss(loss: Any, loss_function: Callable) -> None:
+    name = getattr(loss_function, "__qualname__", type(loss_function).__name__)
+    if not isinstance(loss, Tensor):
+        raise TypeError(f"loss_function {name} returned {type(loss).__name__}, expected a tensor")
+    if loss.dim() != 0:
+        raise ValueError(
+            f"loss_function {name} returned shape {tuple(loss.shape)}, expected a scalar "
+            "(shape ()); reduce it, e.g. with .mean()"
+        )
+    if not loss.requires_grad:
+        raise ValueError(
+            f"loss_function {name} returned a tensor that does not require grad; it must "
+            "depend on the optimizer's parameters"
+        )
+
+
+def _check_capture_arguments(optimizer: torch.optim.Optimizer, warmup_steps: int) -> None:
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
+        raise ValueError(f"warmup_steps must be an int >= 1, got {warmup_steps!r}")
+    if not _selected_parameters(optimizer):
+        raise ValueError("the optimizer holds no parameter that requires grad")
+
+
+class _UpdateBody:
+    """The update both steps run: zero grads, forward, loss, backward, transform, step.
+
+    Backward is restricted to the optimizer's parameters, so other module parameters and any
+    module the loss calls (a critic inside an actor's loss) get no ``.grad`` written.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_function: TensorLoss,
+        gradient_transform: GradientTransform | None,
+    ) -> None:
+        self.module = module
+        self.optimizer = optimizer
+        self.loss_function = loss_function
+        self.gradient_transform = gradient_transform
+        self.parameters = _selected_parameters(optimizer)
+
+    def forward_loss(self, inputs: Tensor, targets: Tensor) -> Tensor:
+        loss = self.loss_function(self.module(inputs), targets)
+        _check_scalar_loss(loss, self.loss_function)
+        return loss
+
+    def __call__(self, inputs: Tensor, targets: Tensor) -> Tensor:
+        # set_to_none: inside a capture, backward then allocates the gradients from the graph's
+        # pool instead of recording an accumulation into stale ones.
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.forward_loss(inputs, targets)
+        loss.backward(inputs=self.parameters)
+        if self.gradient_transform is not None:
+            self.gradient_transform()
+        self.optimizer.step()
+        return loss.detach()
+
+
+# --------------------------------------------------------------------------------------------
+# The eager twin
+# --------------------------------------------------------------------------------------------
+
+
+class EagerAdaptationStep:
+    """The eager twin of :class:`CudaGraphAdaptationStep`: same interface, any device.
+
+    ``capture`` validates the pieces (one forward under a forked RNG, so it consumes neither an
+    update nor random numbers) and keeps static input/target buffers; ``__call__`` checks,
+    copies into them and runs one update.
+    """
+
+    graph: None = None
+
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        static_inputs: Tensor,
+        static_targets: Tensor,
+        body: _UpdateBody,
+    ) -> None:
+        self.module = module
+        self.optimizer = optimizer
+        self.static_inputs = static_inputs
+        self.static_targets = static_targets
+        self.static_loss = torch.zeros((), device=static_inputs.device)
+        self._body = body
+
+    @classmethod
+    def capture(
+        cls,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        example_inputs: Tensor,
+        example_targets: Tensor,
+        loss_function: TensorLoss,
+        *,
+        warmup_steps: int = 3,
+        gradient_transform: GradientTransform | None = None,
+        pool: Any = None,
+    ) -> EagerAdaptationStep:
+        """Validate and wrap an update; ``warmup_steps`` and ``pool`` only matter to graphs."""
+        del pool
+        _check_capture_arguments(optimizer, warmup_steps)
+        _check_is_tensor(example_inputs=example_inputs, example_targets=example_targets)
+        body = _UpdateBody(module, optimizer, loss_function, gradient_transform)
+        devices = [example_inputs.device] if example_inputs.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices), torch.enable_grad():
+            body.forward_loss(example_inputs, example_targets)
+        return cls(module, optimizer, example_inputs.clone(), example_targets.clone(), body)
+
+    def __call__(self, inputs: Tensor, targets: Tensor, *, synchronize: bool = False) -> Tensor:
+        """Run one update on ``inputs``/``targets``; return the loss (detached)."""
+        _check_tensor("inputs", inputs, self.static_inputs)
+        _check_tensor("targets", targets, self.static_targets)
+        self.static_inputs.copy_(inputs)
+        self.static_targets.copy_(targets)
+        return self.replay(synchronize=synchronize)
+
+    def replay(self, *, synchronize: bool = False) -> Tensor:
+        """Run one update on whatever the static buffers hold (no checks, no copies)."""
+        loss = self._body(self.static_inputs, self.static_targets)
+        self.static_loss = loss
+        if synchronize and loss.is_cuda:
+            torch.cuda.synchronize(loss.device)
+        return loss
+
+
+# --------------------------------------------------------------------------------------------
+# The captured step
+# --------------------------------------------------------------------------------------------
+
+
+def _check_capturable(optimizer: torch.optim.Optimizer) -> None:
+    kind = type(optimizer).__name__
+    if "capturable" not in optimizer.defaults:
+        raise CaptureError(
+            f"{kind} cannot be captured in a CUDA graph; use one of "
+            f"{', '.join(CAPTURABLE_OPTIMIZERS)} with capturable=True, or run eagerly"
+        )
+    for index, group in enumerate(optimizer.param_groups):
+        if not group.get("capturable", False):
+            raise CaptureError(
+                f"{kind} param group {index} has capturable=False; build it with "
+                f"{kind}(..., capturable=True) to capture its step in a CUDA graph"
+            )
+
+
+def _check_on_cuda(module: nn.Module, optimizer: torch.optim.Optimizer,
+                   example_inputs: Tensor, example_targets: Tensor) -> torch.device:
+    _check_is_tensor(example_inputs=example_inputs, example_targets=example_targets)
+    device = example_inputs.device
+    if device.type != "cuda":
+        raise ValueError(
+            f"example_inputs is on {device}, expected a CUDA device "
+            "(use EagerAdaptationStep off the GPU)"
+        )
+    if example_targets.device != device:
+        raise ValueError(f"example_targets is on {example_targets.device}, expected {device}")
+    named = [*module.named_parameters(), *module.named_buffers()]
+    selected = _selected_parameters(optimizer)
+    named += [(f"optimizer parameter {i}", p) for i, p in enumerate(selected)]
+    for name, tensor in named:
+        if tensor.device != device:
+            raise ValueError(
+                f"{type(module).__name__} {name} is on {tensor.device}, expected {device} "
+                "(a CUDA graph step needs every parameter on the inputs' CUDA device)"
+            )
+    return device
+
+
+def _state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[Tensor, str, Tensor]]:
+    for param, state in optimizer.state.items():
+        for key, value in state.items():
+            if isinstance(value, Tensor):
+                yield param, key, value
+
+
+class _Snapshot:
+    """Pre-capture values of a module and an optimizer, restored in place after capture.
+
+    In place (``copy_``) because the graph has recorded these storages' addresses.
+    """
+
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.module_tensors = [
+            (t, t.detach().clone()) for t in (*module.parameters(), *module.buffers())
+        ]
+        self.optimizer_tensors = [
+            (t, t.detach().clone()) for t in dict.fromkeys(_selected_parameters(optimizer))
+        ]
+        self.state = {
+            (id(p), key): value.clone() for p, key, value in _state_tensors(optimizer)
+        }
+
+    @torch.no_grad()
+    def restore(self, optimizer: torch.optim.Optimizer) -> None:
+        for tensor, saved in (*self.module_tensors, *self.optimizer_tensors):
+            tensor.copy_(saved)
+        fresh = _FRESH_STATE_FROM_GROUP.get(type(optimizer).__name__, {})
+        group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+        for param, key, value in _state_tensors(optimizer):
+            saved = self.state.get((id(param), key))
+            if saved is not None:
+                value.copy_(saved)
+            elif key in fresh:
+                value.fill_(fresh[key](group_of[id(param)]))
+            else:
+                value.zero_()  # a fresh Adam-family state is all zeros, `step` included
+
+
+class _Layout:
+    """What the graph was recorded against: tensor addresses and parameter groups.
+
+    Re-reading it costs a pointer read per tensor and no GPU work, so every call can check it;
+    a mismatch means the graph would update memory nobody uses any more.
+    """
+
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.module = module
+        self.optimizer = optimizer
+        self.value = self.read()
+
+    def read(self) -> tuple:
+        groups = tuple(
+            (
+                tuple(id(p) for p in group["params"]),
+                tuple(
+                    (key, id(value) if isinstance(value, Tensor) else value)
+                    for key, value in group.items()
+                    if key != "params"
+                ),
+            )
+            for group in self.optimizer.param_groups
+        )
+        module_ptrs = tuple(
+            (name, t.data_ptr())
+            for name, t in (*self.module.named_parameters(), *self.module.named_buffers())
+        )
+        optimizer_ptrs = tuple(
+            p.data_ptr() for group in self.optimizer.param_groups for p in group["params"]
+        )
+        state_ptrs = tuple(
+            (id(p), key, value.data_ptr()) for p, key, value in _state_tensors(self.optimizer)
+        )
+        return groups, module_ptrs, optimizer_ptrs, state_ptrs
+
+    def check(self) -> None:
+        now = self.read()
+        if now == self.value:
+            return
+        causes = (
+            "the optimizer's parameter groups or their settings changed",
+            f"a parameter or buffer of {type(self.module).__name__} was re-allocated "
+            "(e.g. by module.to(...) or load_state_dict with assign=True)",
+            "an optimizer parameter was re-allocated",
+            "the optimizer's state tensors were re-allocated (e.g. by optimizer.load_state_dict)",
+        )
+        cause = next(c for c, a, b in zip(causes, now, self.value, strict=True) if a != b)
+        raise RuntimeError(
+            f"{cause} since capture, so the CUDA graph would update orphaned memory; copy new "
+            "values into the existing tensors in place (tensor.copy_) or capture a new step"
+        )
+
+
+def _root_cause(error: BaseException) -> BaseException:
+    """The first error in the chain: PyTorch's capture error hides it in ``__context__``."""
+    seen = {id(error)}
+    while True:
+        nxt = error.__cause__ or error.__context__
+        if nxt is None or id(nxt) in seen:
+            return error
+        seen.add(id(nxt))
+        error = nxt
+
+
+class CudaGraphAdaptationStep:
+    """A captured forward + loss + backward + gradient transform + optimizer update.
+
+    Build it with :meth:`capture`; each call copies new inputs/targets into the static buffers
+    and replays the whole update. The optimizer may hold a subset of the module's parameters:
+    only those receive gradients and change.
+
+    Attributes:
+        module: the module whose forward is captured.
+        optimizer: the optimizer attached to the selected parameters (``capturable=True``).
+        static_inputs / static_targets: the buffers the graph reads; writing into them in
+            place and calling :meth:`replay` skips the copy that ``__call__`` makes.
+        graph: the captured ``torch.cuda.CUDAGraph``.
+        static_loss: the loss tensor the graph writes on every replay.
+        pool: the graph's memory pool; pass it to another capture to share memory.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        static_inputs: Tensor,
+        static_targets: Tensor,
+        graph: torch.cuda.CUDAGraph,
+        static_loss: Tensor,
+        body: _UpdateBody,
+    ) -> None:
+        self.module = module
+        self.optimizer = optimizer
+        self.static_inputs = static_inputs
+        self.static_targets = static_targets
+        self.graph = graph
+        self.static_loss = static_loss
+        self.pool = graph.pool()
+        # The graph writes into tensors the body owns (a clip transform's recorded norm, say):
+        # holding it keeps them alive, or their memory would be reused while replays write it.
+        self._body = body
+        self._layout = _Layout(module, optimizer)
+
+    @classmethod
+    def capture(
+        cls,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        example_inputs: Tensor,
+        example_targets: Tensor,
+        loss_function: TensorLoss,
+        *,
+        warmup_steps: int = 3,
+        gradient_transform: GradientTransform | None = None,
+        pool: Any = None,
+    ) -> CudaGraphAdaptationStep:
+        """Warm up, capture one update, and restore the pre-capture values in place.
+
+        ``warmup_steps`` real updates run on a side stream (they create the optimizer state
+        and let the allocator settle); then one update is captured. Afterwards every module
+        parameter and buffer, every optimizer parameter and state tensor, and the RNG state
+        are back to their values before this call: capturing consumes no update.
+        """
+        _check_capture_arguments(optimizer, warmup_steps)
+        device = _check_on_cuda(module, optimizer, example_inputs, example_targets)
+        _check_capturable(optimizer)
+
+        static_inputs = example_inputs.detach().clone()
+        static_targets = example_targets.detach().clone()
+        body = _UpdateBody(module, optimizer, loss_function, gradient_transform)
+        snapshot = _Snapshot(module, optimizer)
+        rng = (torch.get_rng_state(), torch.cuda.get_rng_state(device))
+
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup_steps):
+                body(static_inputs, static_targets)
+        torch.cuda.current_stream(device).wait_stream(side)
+
+        graph = torch.cuda.CUDAGraph()
+        optimizer.zero_grad(set_to_none=True)
+        try:
+            with torch.cuda.graph(graph, pool=pool):
+                static_loss = body(static_inputs, static_targets)
+        except Exception as error:  # the real cause hides in the chain
+            cause = _root_cause(error)
+            raise CaptureError(
+                f"could not capture the update of {type(module).__name__}: "
+                f"{type(cause).__name__}: {str(cause).strip().splitlines()[0]}; {_HOST_SYNC_HINT}"
+            ) from error
+
+        snapshot.restore(optimizer)
+        torch.set_rng_state(rng[0])
+        torch.cuda.set_rng_state(rng[1], device)
+        torch.cuda.synchronize(device)
+        return cls(module, optimizer, static_inputs, static_targets, graph, static_loss, body)
+
+    def __call__(self, inputs: Tensor, targets: Tensor, *, synchronize: bool = False) -> Tensor:
+        """Copy ``inputs``/``targets`` into the static buffers, replay the update, and return
+        a detached clone of the loss (later replays do not change it)."""
+        _check_tensor("inputs", inputs, self.static_inputs)
+        _check_tensor("targets", targets, self.static_targets)
+        self.static_inputs.copy_(inputs)
+        self.static_targets.copy_(targets)
+        return self.replay(synchronize=synchronize)
+
+    def replay(self, *, synchronize: bool = False) -> Tensor:
+        """Replay the update on whatever the static buffers hold; return a clone of the loss."""
+        self._layout.check()
+        self.graph.replay()
+        loss = self.static_loss.clone()
+        if synchronize:
+            torch.cuda.synchronize(self.static_loss.device)
+        return loss
+
+
+AdaptationStep = CudaGraphAdaptationStep | EagerAdaptationStep
+
+
+def make_adaptation_step(
+    module: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    example_inputs: Tensor,
+    example_targets: Tensor,
+    loss_function: TensorLoss,
+    *,
+    use_graph: bool | None = None,
+    warmup_steps: int = 3,
+    gradient_transform: GradientTransform | None = None,
+    pool: Any = None,
+) -> AdaptationStep:
+    """Capture the update as a CUDA graph on CUDA, else wrap it in the eager twin.
+
+    ``use_graph=None`` decides by the inputs' device; ``True`` on a non-CUDA device is an error.
+    """
+    on_cuda = isinstance(example_inputs, Tensor) and example_inputs.device.type == "cuda"
+    if use_graph is None:
+        use_graph = on_cuda
+    if use_graph and not on_cuda:
+        raise ValueError(
+            f"CUDA graphs need CUDA tensors, but example_inputs is on {example_inputs.device}; "
+            "pass use_graph=False (--graph off) or move the step to the GPU"
+        )
+    kind = CudaGraphAdaptationStep if use_graph else EagerAdaptationStep
+    return kind.capture(
+        module, optimizer, example_inputs, example_targets, loss_function,
+        warmup_steps=warmup_steps, gradient_transform=gradient_transform, pool=pool,
+    )

@@ -1,0 +1,126 @@
+"""Tensorboard logging whose per-step losses are summed on the device and synced once per write."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+import torch
+from torch.utils.tensorboard import SummaryWriter
+
+if TYPE_CHECKING:
+    from rl_graphstep.config import Config
+
+
+def run_name(cfg: Config) -> str:
+    """`cfg.run_name`, or CleanRL's `{env_id}__{algo}__{seed}__{unix time}`."""
+    if cfg.run_name:
+        return cfg.run_name
+    # A namespaced id ("ALE/Pong-v5") would otherwise nest the run one folder deeper.
+    env = cfg.env_id.replace("/", "-")
+    return f"{env}__{cfg.algo}__{cfg.seed}__{int(time.time())}"
+
+
+class Logger:
+    """A SummaryWriter under `run_dir` plus device-side running sums of scalar tensors.
+
+    Args:
+        run_dir: folder of this run's event files (created when missing).
+        config_table: markdown written once as text under the tag `hyperparameters`.
+        purge_step: on resume, events at or after this step from a crashed run are hidden.
+
+    `accumulate` never syncs with the device; `write` syncs once and logs the interval means.
+    Sums not yet written when the logger closes are dropped (they have no step to log at).
+    """
+
+    def __init__(
+        self,
+        run_dir: Path | str,
+        config_table: str | None = None,
+        *,
+        purge_step: int | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self._writer = SummaryWriter(str(self.run_dir), purge_step=purge_step)
+        self._sums: dict[str, torch.Tensor] = {}
+        self._counts: dict[str, int] = {}
+        self._closed = False
+        if config_table is not None:
+            self._writer.add_text("hyperparameters", config_table)
+
+    def accumulate(self, values: dict[str, torch.Tensor]) -> None:
+        """Add each 0-dim tensor into its key's running sum, on its own device, without a sync."""
+        for key, value in values.items():
+            if value.dim() != 0:
+                raise ValueError(f"logged value {key!r} must be a 0-dim tensor, got {value.shape}")
+            if key not in self._sums:
+                # float32 even for integer tensors, so the mean is a true division.
+                self._sums[key] = torch.zeros((), dtype=torch.float32, device=value.device)
+                self._counts[key] = 0
+            self._counts[key] += 1
+        if values:
+            # One fused kernel for all keys instead of one add per key.
+            torch._foreach_add_(
+                [self._sums[k] for k in values], [v.detach() for v in values.values()]
+            )
+
+    def write(self, step: int) -> dict[str, float]:
+        """Log and return each key's mean since the last write, then reset the sums."""
+        if not self._sums:
+            return {}
+        keys = list(self._sums)
+        means: dict[str, float] = {}
+        # Grouped by device: one host sync for the usual single-device run.
+        for device in {s.device for s in self._sums.values()}:
+            group = [k for k in keys if self._sums[k].device == device]
+            totals = torch.stack([self._sums[k] for k in group]).tolist()
+            means.update(
+                {k: total / self._counts[k] for k, total in zip(group, totals, strict=True)}
+            )
+        means = {k: means[k] for k in keys}
+        for key, mean in means.items():
+            self._writer.add_scalar(key, mean, step)
+        self._sums.clear()
+        self._counts.clear()
+        return means
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        """Log one host-side number right away."""
+        self._writer.add_scalar(tag, value, step)
+
+    def episode(self, step: int, episodic_return: float, length: int) -> None:
+        """Log a finished episode as `charts/episodic_return` and `charts/episodic_length`."""
+        self._writer.add_scalar("charts/episodic_return", episodic_return, step)
+        self._writer.add_scalar("charts/episodic_length", length, step)
+
+    def flush(self) -> None:
+        """Write pending events to disk."""
+        self._writer.flush()
+
+    def close(self) -> None:
+        """Flush and close the event file; safe to call twice."""
+        if not self._closed:
+            self._closed = True
+            self._writer.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether close() has run."""
+        return self._closed
+
+    def __enter__(self) -> Logger:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # Also on exceptions and KeyboardInterrupt: what was logged must reach the disk.
+        try:
+            self.flush()
+        finally:
+            self.close()

@@ -1,0 +1,220 @@
+"""Config: defaults, YAML and flag precedence, env-picked files, help text and one-line errors."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from rl_graphstep.config import (
+    Config,
+    config_from_dict,
+    config_to_dict,
+    default_config_file,
+    load_config,
+    read_config_file,
+    to_markdown_table,
+)
+from rl_graphstep.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str, name: str = "x.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def one_line_error(argv: list[str], match: str) -> str:
+    with pytest.raises(ConfigError, match=match) as info:
+        load_config(argv)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_defaults_follow_cleanrl() -> None:
+    cfg = Config()
+    assert (cfg.env_id, cfg.algo, cfg.seed, cfg.total_timesteps) == ("Pendulum-v1", "sac", 1, 10**6)
+    assert (cfg.batch_size, cfg.buffer_size, cfg.learning_starts) == (256, 10**6, 5000)
+    assert (cfg.gamma, cfg.tau, cfg.policy_lr, cfg.q_lr) == (0.99, 0.005, 3e-4, 1e-3)
+    assert (cfg.policy_frequency, cfg.target_network_frequency) == (2, 1)
+    assert (cfg.alpha, cfg.autotune, cfg.hidden_sizes) == (0.2, True, (256, 256))
+    assert (cfg.device, cfg.graph, cfg.run_name) == ("auto", "auto", None)
+    assert all(f.metadata["help"] for f in dataclasses.fields(Config))
+
+
+def test_no_arguments_use_the_pendulum_file() -> None:
+    cfg = load_config([])
+    assert cfg.env_id == "Pendulum-v1"
+    assert (cfg.total_timesteps, cfg.learning_starts, cfg.buffer_size) == (15000, 1000, 100_000)
+
+
+def test_yaml_overrides_defaults(tmp_path: Path) -> None:
+    path = write(tmp_path, "batch_size: 128\ngamma: 0.9\nhidden_sizes: [64, 32]\nautotune: no\n")
+    cfg = load_config(["--config", path])
+    assert (cfg.batch_size, cfg.gamma, cfg.hidden_sizes, cfg.autotune) == (
+        128,
+        0.9,
+        (64, 32),
+        False,
+    )
+    # A --config file replaces the env's shipped file: untouched keys keep dataclass defaults.
+    assert cfg.total_timesteps == 1_000_000
+
+
+def test_yaml_1_1_exponents_are_numbers(tmp_path: Path) -> None:
+    # PyYAML reads 3e-4 and 1e6 as strings; they must still work.
+    cfg = load_config(["--config", write(tmp_path, "policy_lr: 3e-4\nbuffer_size: 1e6\n")])
+    assert (cfg.policy_lr, cfg.buffer_size) == (3e-4, 1_000_000)
+
+
+def test_flags_override_yaml(tmp_path: Path) -> None:
+    path = write(tmp_path, "batch_size: 128\ntau: 0.01\n")
+    cfg = load_config(["--config", path, "--batch-size", "512", "--no-progress"])
+    assert (cfg.batch_size, cfg.tau, cfg.progress) == (512, 0.01, False)
+
+
+def test_flags_override_the_env_file() -> None:
+    cfg = load_config(["--env", "Pendulum-v1", "--total-timesteps", "2000", "--hidden-sizes", "8"])
+    assert (cfg.total_timesteps, cfg.learning_starts, cfg.hidden_sizes) == (2000, 1000, (8,))
+
+
+def test_env_picks_its_default_file() -> None:
+    pendulum = default_config_file("Pendulum-v1", "sac")
+    mujoco = default_config_file("HalfCheetah-v5", "sac")
+    assert pendulum is not None and pendulum.name == "sac_pendulum.yaml"
+    assert mujoco is not None and mujoco.name == "sac_mujoco.yaml"
+    assert default_config_file("Walker2d-v4").name == "sac_mujoco.yaml"
+    assert default_config_file("CartPole-v1", "sac") is None
+    assert default_config_file("MyCustomEnv-v0", "sac") is None
+    cfg = load_config(["--env-id", "HalfCheetah-v5"])
+    assert (cfg.env_id, cfg.learning_starts, cfg.total_timesteps) == ("HalfCheetah-v5", 5000, 10**6)
+
+
+def test_help_lists_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        load_config(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for f in dataclasses.fields(Config):
+        assert "--" + f.name.replace("_", "-") in out
+        assert f.metadata["help"].split()[0] in out
+    assert "--config" in out and "--env" in out and "--no-autotune" in out
+    assert "(default: 256)" in out
+
+
+def test_missing_file() -> None:
+    one_line_error(
+        ["--config", "nope/missing.yaml"], "config file 'nope/missing.yaml' does not exist"
+    )
+
+
+def test_bad_yaml_names_the_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "batch_size: 128\ngamma: [0.9\ntau: 0.1\n")
+    one_line_error(["--config", path], r"is not valid YAML at line \d+, column \d+")
+
+
+def test_non_mapping_yaml(tmp_path: Path) -> None:
+    path = write(tmp_path, "- batch_size\n- 128\n")
+    one_line_error(["--config", path], "must be a mapping of key: value lines, got a YAML list")
+
+
+def test_unknown_key_suggests_the_close_one(tmp_path: Path) -> None:
+    path = write(tmp_path, "batchsize: 128\n")
+    message = one_line_error(["--config", path], "unknown config key 'batchsize'")
+    assert f"in {path}" in message
+    assert "did you mean 'batch_size'?" in message
+    assert "valid keys: env_id, algo" in message
+
+
+def test_unknown_key_without_close_match(tmp_path: Path) -> None:
+    message = one_line_error(["--config", write(tmp_path, "zzz: 1\n")], "unknown config key 'zzz'")
+    assert "did you mean" not in message
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("batch_size: abc\n", r"batch_size must be an int, got 'abc'"),
+        ("batch_size: 12.5\n", r"batch_size must be an int, got 12.5"),
+        ("autotune: 1\n", r"autotune must be true or false, got 1"),
+        ("tau: fast\n", r"tau must be a number, got 'fast'"),
+        ("hidden_sizes: 64\n", r"hidden_sizes must be a list of ints, got 64"),
+        ("env_id: 3\n", r"env_id must be a string, got 3"),
+    ],
+)
+def test_wrong_type_in_yaml(tmp_path: Path, text: str, match: str) -> None:
+    one_line_error(["--config", write(tmp_path, text)], match)
+
+
+def test_bad_value_in_yaml_names_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "tau: 2.0\n")
+    one_line_error(["--config", path], rf"tau must be in \(0, 1\], got 2.0 in {path}")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--tau", "2"], "--tau must be in (0, 1], got 2.0"),
+        (["--batch-size", "-1"], "--batch-size must be a positive int, got -1"),
+        (["--device", "gpu"], "--device must be one of auto, cpu, cuda, got 'gpu'"),
+        (["--graph", "maybe"], "--graph must be one of auto, on, off, got 'maybe'"),
+        (["--algo", "ppo"], "--algo must be one of sac, got 'ppo'"),
+        (["--gamma", "1.5"], "--gamma must be in [0, 1], got 1.5"),
+        (["--q-lr", "0"], "--q-lr must be > 0, got 0.0"),
+        (["--hidden-sizes", "64", "0"], "--hidden-sizes must be one or more positive ints"),
+        (["--alpha", "0"], "--alpha must be > 0 with --autotune"),
+    ],
+)
+def test_bad_flag_values(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(argv)
+    assert str(info.value).startswith(message)
+
+
+def test_zero_alpha_is_fine_without_autotune() -> None:
+    assert load_config(["--alpha", "0", "--no-autotune"]).alpha == 0.0
+
+
+def test_unknown_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        load_config(["--batchsize", "3"])
+    assert info.value.code == 2
+    assert "unrecognized arguments: --batchsize" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "HalfCheetah-v5"])
+def test_shipped_files_load_and_validate(env_id: str) -> None:
+    path = default_config_file(env_id)
+    assert path is not None
+    values = read_config_file(path)
+    assert values["algo"] == "sac"
+    cfg = config_from_dict(values, source=str(path))
+    assert (cfg.batch_size, cfg.gamma, cfg.tau, cfg.policy_frequency) == (256, 0.99, 0.005, 2)
+
+
+def test_mujoco_file_values() -> None:
+    cfg = config_from_dict(read_config_file(default_config_file("Hopper-v5")))
+    assert (cfg.buffer_size, cfg.learning_starts, cfg.total_timesteps) == (10**6, 5000, 10**6)
+    assert (cfg.policy_lr, cfg.q_lr) == (3e-4, 1e-3)
+
+
+def test_dict_round_trip_and_markdown() -> None:
+    cfg = Config(batch_size=64, hidden_sizes=(32, 32), run_name="a|b")
+    data = config_to_dict(cfg)
+    assert data["hidden_sizes"] == [32, 32]
+    assert config_from_dict(data) == cfg
+    table = to_markdown_table(cfg)
+    assert table.splitlines()[:2] == ["| key | value |", "|---|---|"]
+    for f in dataclasses.fields(Config):
+        assert f"| {f.name} |" in table
+    assert "| batch_size | 64 |" in table
+    assert r"| run_name | a\|b |" in table
+
+
+def test_config_is_frozen_and_checked_on_construction() -> None:
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Config().seed = 2  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="batch_size must be an int, got 'x'"):
+        Config(batch_size="x")  # type: ignore[arg-type]

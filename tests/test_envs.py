@@ -1,0 +1,193 @@
+"""Tests for env construction, space checks, SAME_STEP final observations and action scaling."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rl_graphstep.envs import (
+    check_continuous_spaces,
+    finished_episodes,
+    make_vec_env,
+    scale_action,
+    seed_everything,
+    true_next_observations,
+    unscale_action,
+)
+from rl_graphstep.errors import ConfigError, EnvError
+
+
+def test_pendulum_vec_env_spaces() -> None:
+    envs = make_vec_env("Pendulum-v1", num_envs=3, seed=1)
+    try:
+        assert envs.num_envs == 3
+        assert envs.single_observation_space.shape == (3,)
+        assert envs.single_action_space.shape == (1,)
+        assert envs.observation_space.shape == (3, 3)
+        np.testing.assert_array_equal(envs.single_action_space.low, [-2.0])
+        np.testing.assert_array_equal(envs.single_action_space.high, [2.0])
+        assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP
+        check_continuous_spaces(
+            "Pendulum-v1", envs.single_observation_space, envs.single_action_space
+        )
+        observations, _ = envs.reset(seed=1)
+        assert observations.shape == (3, 3)
+    finally:
+        envs.close()
+
+
+def test_same_seed_same_rollout() -> None:
+    def rollout() -> np.ndarray:
+        envs = make_vec_env("Pendulum-v1", num_envs=2, seed=7)
+        observations, _ = envs.reset(seed=7)
+        trace = [observations]
+        for _ in range(5):
+            observations, *_ = envs.step(envs.action_space.sample())
+            trace.append(observations)
+        envs.close()
+        return np.stack(trace)
+
+    np.testing.assert_array_equal(rollout(), rollout())
+
+
+def test_unknown_env_suggests_close_match() -> None:
+    with pytest.raises(EnvError) as info:
+        make_vec_env("Pendulm-v1", seed=0)
+    assert str(info.value) == (
+        "unknown environment 'Pendulm-v1'; did you mean Pendulum-v1? "
+        "(see gymnasium.envs.registry for the list)"
+    )
+
+
+@pytest.mark.parametrize("env_id", ["pendulum-v1", "Pendulum-v9", "Foo/Pendulum-v1"])
+def test_unknown_env_variants(env_id: str) -> None:
+    with pytest.raises(EnvError, match=f"unknown environment '{env_id}'; did you mean Pendulum-v1"):
+        make_vec_env(env_id, seed=0)
+
+
+def test_unknown_env_without_close_match() -> None:
+    with pytest.raises(EnvError, match="no registered environment has a similar name"):
+        make_vec_env("Zzzqqq-v0", seed=0)
+
+
+def test_missing_mujoco_names_the_extra() -> None:
+    if importlib.util.find_spec("mujoco") is not None:
+        pytest.skip("MuJoCo is installed here")
+    with pytest.raises(EnvError, match=r'pip install "rl_graphstep\[mujoco\]"'):
+        make_vec_env("HalfCheetah-v5", seed=0)
+
+
+def test_num_envs_below_one() -> None:
+    with pytest.raises(ConfigError, match="num_envs must be at least 1, got 0"):
+        make_vec_env("Pendulum-v1", num_envs=0, seed=0)
+
+
+def test_discrete_action_space_message() -> None:
+    env = gym.make("CartPole-v1")
+    with pytest.raises(EnvError) as info:
+        check_continuous_spaces("CartPole-v1", env.observation_space, env.action_space)
+    assert str(info.value) == "SAC needs a continuous action space; CartPole-v1 has Discrete(2)"
+
+
+def test_dict_observation_space_message() -> None:
+    observation_space = gym.spaces.Dict({"position": gym.spaces.Box(-1, 1, (2,))})
+    action_space = gym.spaces.Box(-1, 1, (2,))
+    with pytest.raises(EnvError) as info:
+        check_continuous_spaces("Maze-v0", observation_space, action_space, algo="td3")
+    message = str(info.value)
+    assert message.startswith("TD3 needs a flat Box observation space; Maze-v0 has Dict(")
+    assert "gymnasium.wrappers.FlattenObservation" in message
+    assert "\n" not in message
+
+
+def test_image_observation_and_unbounded_action_are_rejected() -> None:
+    flat = gym.spaces.Box(-1, 1, (4,))
+    image = gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)
+    with pytest.raises(EnvError, match="flat Box observation space; Img-v0 has Box"):
+        check_continuous_spaces("Img-v0", image, flat)
+    unbounded = gym.spaces.Box(-np.inf, np.inf, (2,))
+    with pytest.raises(EnvError, match="finite bounds"):
+        check_continuous_spaces("Free-v0", flat, unbounded)
+
+
+def test_truncation_final_observation_and_episode_statistics() -> None:
+    envs = make_vec_env("Pendulum-v1", num_envs=2, seed=3)
+    try:
+        envs.reset(seed=3)
+        rewards_sum = np.zeros(2)
+        for step in range(1, 201):
+            next_obs, rewards, terminations, truncations, infos = envs.step(
+                envs.action_space.sample()
+            )
+            rewards_sum += rewards
+            real_next = true_next_observations(next_obs, infos)
+            if step < 200:
+                # Mid-episode the returned observation is the real one and nothing finished.
+                assert real_next is next_obs
+                assert finished_episodes(infos) == []
+                assert not truncations.any()
+        # Pendulum never terminates; its TimeLimit truncates both copies at step 200.
+        assert not terminations.any()
+        assert truncations.all()
+        final = np.stack(infos["final_obs"])
+        np.testing.assert_array_equal(real_next, final)
+        assert real_next.dtype == next_obs.dtype
+        # The vector env already reset: next_obs starts new episodes, unlike the final obs.
+        assert not np.allclose(next_obs, final)
+        # The final observation continues the trajectory: its angle (cos, sin) is unit-norm
+        # and the reset one is what the buffer must NOT see.
+        np.testing.assert_allclose(np.hypot(final[:, 0], final[:, 1]), 1.0, rtol=1e-5)
+        episodes = finished_episodes(infos)
+        assert [length for _, length in episodes] == [200, 200]
+        np.testing.assert_allclose([ret for ret, _ in episodes], rewards_sum, rtol=1e-5)
+        assert all(isinstance(r, float) and isinstance(n, int) for r, n in episodes)
+    finally:
+        envs.close()
+
+
+def test_true_next_observations_only_replaces_finished_envs() -> None:
+    next_obs = np.arange(6, dtype=np.float32).reshape(3, 2)
+    final_obs = np.array([None, np.array([10.0, 11.0]), None], dtype=object)
+    infos = {"final_obs": final_obs, "_final_obs": np.array([False, True, False])}
+    real = true_next_observations(next_obs, infos)
+    np.testing.assert_array_equal(real, [[0, 1], [10, 11], [4, 5]])
+    assert real.dtype == np.float32
+    # The env's own array is left untouched.
+    np.testing.assert_array_equal(next_obs[1], [2, 3])
+    assert true_next_observations(next_obs, {}) is next_obs
+
+
+def test_finished_episodes_reads_only_masked_entries() -> None:
+    infos = {
+        "episode": {"r": np.array([1.5, -2.0, 3.0]), "l": np.array([10, 20, 30])},
+        "_episode": np.array([False, True, True]),
+    }
+    assert finished_episodes(infos) == [(-2.0, 20), (3.0, 30)]
+    assert finished_episodes({}) == []
+
+
+def test_seed_everything() -> None:
+    seed_everything(5)
+    first = (random.random(), np.random.rand(), torch.rand(1).item())
+    seed_everything(5)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == first
+
+
+def test_scale_and_unscale_actions() -> None:
+    low = np.array([-2.0, 0.0, 10.0], dtype=np.float32)
+    high = np.array([2.0, 1.0, 20.0], dtype=np.float32)
+    policy = np.array([[-1.0, -1.0, -1.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0], [0.5, -0.5, 0.2]])
+    env_actions = scale_action(policy, low, high)
+    np.testing.assert_allclose(
+        env_actions, [[-2, 0, 10], [0, 0.5, 15], [2, 1, 20], [1, 0.25, 16]], rtol=1e-6
+    )
+    np.testing.assert_allclose(unscale_action(env_actions, low, high), policy, atol=1e-6)
+    assert scale_action(policy.astype(np.float32), low, high).dtype == np.float32
+    # Never outside the bounds, even for inputs a hair outside [-1, 1].
+    edge = scale_action(np.array([[-1.0000001, 1.0000001, 1.0]]), low, high)
+    assert (edge >= low).all() and (edge <= high).all()

@@ -1,0 +1,86 @@
+"""Logger: device-side interval means, what lands in the event file, and closing on errors."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from rl_graphstep.config import Config, to_markdown_table
+from rl_graphstep.logger import Logger, run_name
+
+
+def read_events(run_dir: Path) -> EventAccumulator:
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    return events
+
+
+def test_write_returns_interval_means_and_resets(tmp_path: Path) -> None:
+    intervals = [
+        {"losses/qf": [1.0, 2.0, 3.0], "losses/actor": [0.5, 1.5]},
+        {"losses/qf": [4.0], "losses/actor": [-2.0, 2.0, 6.0, 10.0]},
+        {"losses/qf": [0.25, 0.75]},
+    ]
+    expected = [
+        {"losses/qf": 2.0, "losses/actor": 1.0},
+        {"losses/qf": 4.0, "losses/actor": 4.0},
+        {"losses/qf": 0.5},
+    ]
+    with Logger(tmp_path) as logger:
+        for step, (values, means) in enumerate(zip(intervals, expected, strict=True)):
+            for i in range(max(len(v) for v in values.values())):
+                logger.accumulate({k: torch.tensor(v[i]) for k, v in values.items() if i < len(v)})
+            assert logger.write(step * 100) == means
+            assert logger.write(step * 100 + 1) == {}  # reset: nothing left to write
+
+
+def test_accumulate_keeps_sums_on_the_values_device(tmp_path: Path) -> None:
+    with Logger(tmp_path) as logger:
+        logger.accumulate({"a": torch.tensor(1, dtype=torch.int64)})
+        logger.accumulate({"a": torch.tensor(2.0, requires_grad=True) * 1})
+        assert logger._sums["a"].device == torch.device("cpu")
+        assert logger.write(0) == {"a": 1.5}
+        with pytest.raises(ValueError, match="must be a 0-dim tensor"):
+            logger.accumulate({"b": torch.ones(2)})
+
+
+def test_event_file_holds_scalars_episodes_and_config(tmp_path: Path) -> None:
+    table = to_markdown_table(Config(batch_size=64))
+    with Logger(tmp_path, table) as logger:
+        for value in (1.0, 3.0):
+            logger.accumulate({"losses/qf": torch.tensor(value)})
+        logger.write(1000)
+        logger.scalar("charts/sps", 250.0, 1000)
+        logger.episode(1200, episodic_return=-150.5, length=200)
+    events = read_events(tmp_path)
+    scalars = {
+        tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+    }
+    assert scalars["losses/qf"] == [(1000, 2.0)]
+    assert scalars["charts/sps"] == [(1000, 250.0)]
+    assert scalars["charts/episodic_return"] == [(1200, -150.5)]
+    assert scalars["charts/episodic_length"] == [(1200, 200.0)]
+    text_tag = "hyperparameters/text_summary"
+    assert text_tag in events.Tags()["tensors"]
+    text = events.Tensors(text_tag)[0].tensor_proto.string_val[0].decode()
+    assert "| batch_size | 64 |" in text
+
+
+def test_run_name_format() -> None:
+    assert run_name(Config(run_name="mine")) == "mine"
+    name = run_name(Config(env_id="HalfCheetah-v5", seed=7))
+    assert re.fullmatch(r"HalfCheetah-v5__sac__7__\d{10}", name)
+
+
+def test_exit_closes_on_exception(tmp_path: Path) -> None:
+    logger = Logger(tmp_path)
+    with pytest.raises(KeyboardInterrupt), logger:
+        logger.scalar("charts/x", 1.0, 0)
+        raise KeyboardInterrupt
+    assert logger.closed
+    assert read_events(tmp_path).Scalars("charts/x")[0].value == 1.0
+    logger.close()  # a second close is harmless
