@@ -86,14 +86,19 @@ class ReplayBuffer:
         self.critic_input_size = self.observation_size + self.action_size
         self.row_size = 2 * self.observation_size + self.action_size + 2
         self.dtype = dtype
-        self._check_fits(torch.device(device))
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            # Name the actual GPU in messages and query its memory, not "cuda".
+            device = torch.device("cuda", torch.cuda.current_device())
+        self._check_fits(device)
         self.storage = torch.zeros(self.capacity, self.row_size, dtype=dtype, device=device)
         # The storage's device, so a bare "cuda" reads back as "cuda:0".
         self.device = self.storage.device
         self._position = 0  # the row the next add writes first
         self._size = 0
-        self._staging: torch.Tensor | None = None
-        self._staging_free: torch.cuda.Event | None = None
+        # Two host staging buffers used in turn, each with the event of the copy reading it.
+        self._staging: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
+        self._staging_turn = 0
 
     def _check_fits(self, device: torch.device) -> None:
         needed = self.capacity * self.row_size * self.dtype.itemsize
@@ -166,14 +171,19 @@ class ReplayBuffer:
 
     def _staging_rows(self, n: int) -> torch.Tensor:
         """A host tensor of n rows to pack into; pinned when the storage is on CUDA."""
-        if self._staging is None or self._staging.shape[0] != n:
+        if not self._staging or self._staging[0][0].shape[0] != n:
             pin = self.device.type == "cuda"
-            self._staging = torch.empty(n, self.row_size, dtype=self.dtype, pin_memory=pin)
-            self._staging_free = None
-        elif self._staging_free is not None:
-            # The previous non-blocking copy may still be reading the pinned rows.
-            self._staging_free.synchronize()
-        return self._staging
+            self._staging = [
+                (torch.empty(n, self.row_size, dtype=self.dtype, pin_memory=pin), None)
+                for _ in range(2)
+            ]
+        self._staging_turn ^= 1
+        rows, copied = self._staging[self._staging_turn]
+        if copied is not None:
+            # The non-blocking copy from two adds ago may still be reading these pinned rows;
+            # with two buffers in turn that copy has almost always finished, so this rarely waits.
+            copied.synchronize()
+        return rows
 
     def _write(self, rows: torch.Tensor) -> None:
         n = rows.shape[0]
@@ -189,8 +199,9 @@ class ReplayBuffer:
             index = torch.arange(start, start + kept, device=self.device) % self.capacity
             self.storage.index_copy_(0, index, on_device)
         if non_blocking:
-            self._staging_free = torch.cuda.Event()
-            self._staging_free.record()
+            copied = torch.cuda.Event()
+            copied.record()
+            self._staging[self._staging_turn] = (self._staging[self._staging_turn][0], copied)
         self._position = (self._position + n) % self.capacity
         self._size = min(self._size + n, self.capacity)
 

@@ -238,8 +238,17 @@ def default_config_file(env_id: str, algo: str = "sac") -> Traversable | None:
     family = "pendulum" if base == "Pendulum" else "mujoco" if base in MUJOCO_ENVS else None
     if family is None:
         return None
-    path = importlib.resources.files("rl_graphstep.configs") / f"{algo}_{family}.yaml"
+    path = _configs_dir() / f"{algo}_{family}.yaml"
     return path if path.is_file() else None
+
+
+def _configs_dir() -> Traversable:
+    """The shipped configs: package data when installed, the checkout's `configs/` when the
+    package runs straight from a source tree (not installed)."""
+    try:
+        return importlib.resources.files("rl_graphstep.configs")
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "configs"
 
 
 def read_config_file(path: Path | Traversable | str) -> dict[str, Any]:
