@@ -75,8 +75,7 @@ def test_actor_loss_matches_a_hand_computation() -> None:
     for o0, o1 in obs.tolist():
         action = math.tanh(0.5 * o0)
         log_pi = 0.1 * (o0 + o1) * 0.5
-        min_q = min(1.0, 2.0) * (o0 + o1 + action) if (o0 + o1 + action) > 0 else 2.0 * (
-            o0 + o1 + action)
+        min_q = min(1.0 * (o0 + o1 + action), 2.0 * (o0 + o1 + action))
         actor_terms.append(0.5 * log_pi - min_q)
         alpha_terms.append(-0.5 * (log_pi - 1.0))  # target entropy -|A| = -1
     assert sac.actor_loss_value.item() == pytest.approx(sum(actor_terms) / 2, rel=1e-6)
