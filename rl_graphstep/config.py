@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import difflib
 import importlib.resources
+import json
 import math
 import typing
 from collections.abc import Mapping, Sequence
@@ -17,7 +18,7 @@ import yaml
 
 from rl_graphstep.errors import ConfigError
 
-ALGORITHMS: tuple[str, ...] = ("sac",)
+ALGORITHMS: tuple[str, ...] = ("sac", "td3", "ddpg")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 GRAPH_MODES: tuple[str, ...] = ("auto", "on", "off")
 
@@ -41,12 +42,27 @@ MUJOCO_ENVS: frozenset[str] = frozenset(
 
 def option(default: Any, help: str) -> Any:
     """A dataclass field with a default and the help text its command-line flag shows."""
-    return dataclasses.field(default=default, metadata={"help": help})
+    return dataclasses.field(default=default, metadata=helps(help))
+
+
+def helps(help: str) -> Mapping[str, str]:
+    """Field metadata with the flag's help text, for fields spelled out with dataclasses.field
+    (a mutable default needs `dataclasses.field(default_factory=dict, metadata=helps(...))`;
+    ruff's RUF009 only knows `field` as a field specifier)."""
+    return {"help": help}
+
+
+def field_default(f: dataclasses.Field[Any]) -> Any:
+    """The default value of a Config field, whether given directly or by a factory."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Every setting of a training run; defaults follow CleanRL's sac_continuous_action.py."""
+    """Every setting of a training run; defaults follow CleanRL's sac_continuous_action.py
+    (and td3_continuous_action.py for the TD3/DDPG noise settings)."""
 
     env_id: str = option("Pendulum-v1", "gymnasium environment id")
     algo: str = option("sac", f"algorithm, one of {', '.join(ALGORITHMS)}")
@@ -62,15 +78,38 @@ class Config:
     buffer_size: int = option(1_000_000, "replay buffer capacity in transitions")
     batch_size: int = option(256, "rows per gradient update")
     gamma: float = option(0.99, "discount factor")
-    tau: float = option(0.005, "target critic Polyak averaging rate")
+    tau: float = option(0.005, "target network Polyak averaging rate")
     learning_starts: int = option(5000, "environment steps of random actions before learning")
-    policy_lr: float = option(3e-4, "actor (and temperature) learning rate")
+    policy_lr: float = option(3e-4, "actor (and SAC temperature) learning rate")
     q_lr: float = option(1e-3, "critic learning rate")
-    policy_frequency: int = option(2, "critic updates per actor update (delayed actor)")
-    target_network_frequency: int = option(1, "critic updates per target critic update")
-    alpha: float = option(0.2, "initial entropy temperature")
-    autotune: bool = option(True, "learn the temperature towards the target entropy")
+    policy_frequency: int = option(
+        2, "critic updates per actor update (delayed actor; TD3's policy delay)"
+    )
+    target_network_frequency: int = option(1, "critic updates per target network update")
+    alpha: float = option(0.2, "initial entropy temperature (SAC)")
+    autotune: bool = option(True, "learn the temperature towards the target entropy (SAC)")
+    policy_noise: float = option(
+        0.2, "TD3 target policy smoothing noise std, in [-1, 1] action units"
+    )
+    noise_clip: float = option(0.5, "TD3 clip of the target policy smoothing noise, [-1, 1] units")
+    exploration_noise: float = option(
+        0.1, "TD3/DDPG Gaussian exploration noise std, in [-1, 1] action units"
+    )
     hidden_sizes: tuple[int, ...] = option((256, 256), "hidden layer widths of actor and critic")
+    actor: str | None = option(
+        None, "custom actor class, package.module:ClassName or path/to/file.py:ClassName"
+    )
+    critic: str | None = option(
+        None, "custom critic class, package.module:ClassName or path/to/file.py:ClassName"
+    )
+    actor_kwargs: dict[str, Any] = dataclasses.field(
+        default_factory=dict,
+        metadata=helps("keyword arguments of the actor constructor, a YAML/JSON mapping"),
+    )
+    critic_kwargs: dict[str, Any] = dataclasses.field(
+        default_factory=dict,
+        metadata=helps("keyword arguments of the critic constructor, a YAML/JSON mapping"),
+    )
     critic_max_grad_norm: float = option(100.0, "critic gradient-norm clip")
     actor_max_grad_norm: float = option(100.0, "actor gradient-norm clip")
     log_interval: int = option(1000, "environment steps between tensorboard writes")
@@ -86,6 +125,10 @@ class Config:
                 raise ConfigError(f"{_flag(f.name)} {problem}")
         if self.autotune and self.alpha == 0:
             raise ConfigError("--alpha must be > 0 with --autotune (it starts log(alpha)), got 0.0")
+
+    def __hash__(self) -> int:
+        # The generated hash would fail on the kwargs dicts; hash a frozen copy of every value.
+        return hash(tuple(_freeze(getattr(self, f.name)) for f in dataclasses.fields(self)))
 
 
 FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(Config)}
@@ -104,8 +147,35 @@ _POSITIVE_INTS = (
 _CHOICES: dict[str, tuple[str, ...]] = {"algo": ALGORITHMS, "device": DEVICES, "graph": GRAPH_MODES}
 
 
+_NOISES = ("policy_noise", "noise_clip", "exploration_noise")
+_KWARGS = ("actor_kwargs", "critic_kwargs")
+_SPEC_FORMS = "package.module:ClassName or path/to/file.py:ClassName"
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def _freeze(value: Any) -> Any:
+    """A hashable stand-in for a (nested) YAML value: lists become tuples and dicts frozensets
+    of their items (equal dicts in another key order must hash alike)."""
+    if isinstance(value, Mapping):
+        return frozenset((k, _freeze(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, (set, frozenset)):
+        return frozenset(_freeze(v) for v in value)
+    return value
+
+
+def _spec_problem(value: str) -> str | None:
+    """Only the `something:ClassName` shape is checked here; importing happens at build time."""
+    where, colon, name = value.rpartition(":")
+    if not colon:
+        return f"must be {_SPEC_FORMS}, got {value!r} (no ':')"
+    if not where.strip() or not name.isidentifier():
+        return f"must be {_SPEC_FORMS}, got {value!r}"
+    return None
 
 
 def _value_problem(name: str, value: Any) -> str | None:
@@ -128,6 +198,10 @@ def _value_problem(name: str, value: Any) -> str | None:
         return f"must be a finite number >= 0, got {value!r}"
     if name == "hidden_sizes" and (not value or any(w <= 0 for w in value)):
         return f"must be one or more positive ints, got {list(value)!r}"
+    if name in _NOISES and not (value >= 0 and math.isfinite(value)):
+        return f"must be a finite number >= 0, got {value!r}"
+    if name in ("actor", "critic") and value is not None:
+        return _spec_problem(value)
     if name in ("env_id", "log_dir", "run_name") and value == "":
         return "must not be empty"
     return None
@@ -178,12 +252,21 @@ def _coerce(name: str, value: Any) -> Any:
             if not isinstance(value, str):
                 raise TypeError
             return value
+        if kind == dict[str, Any]:
+            # A copy, so later changes to the caller's dict do not reach the frozen Config.
+            if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+                raise TypeError
+            return dict(value)
         # tuple[int, ...]
         if not isinstance(value, (list, tuple)):
             raise TypeError
         return tuple(_as_int(v) for v in value)
     except (TypeError, ValueError):
-        what = expected.get(kind, "a string or null" if kind == str | None else "a list of ints")
+        if kind == dict[str, Any]:
+            what = "a mapping of keyword arguments (string keys), e.g. {width: 128}"
+        else:
+            fallback = "a string or null" if kind == str | None else "a list of ints"
+            what = expected.get(kind, fallback)
         raise ConfigError(f"{name} must be {what}, got {value!r}") from None
 
 
@@ -214,8 +297,17 @@ def config_from_dict(data: Mapping[str, Any], source: str = "the config mapping"
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
-    """Plain YAML/JSON-safe values (tuples become lists); config_from_dict round-trips it."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
+    """Plain YAML/JSON-safe values (tuples become lists, also inside the kwargs dicts);
+    config_from_dict round-trips it."""
+    return {k: _plain(v) for k, v in dataclasses.asdict(cfg).items()}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
 
 
 def to_markdown_table(cfg: Config) -> str:
@@ -225,18 +317,20 @@ def to_markdown_table(cfg: Config) -> str:
 
 
 def _cell(value: Any) -> str:
-    # A bare "|" would end the markdown cell early.
-    return str(value).replace("|", "\\|")
+    # Mappings as JSON, the form --actor-kwargs takes; a bare "|" would end the cell early.
+    text = json.dumps(value, default=str) if isinstance(value, dict) else str(value)
+    return text.replace("|", "\\|")
 
 
 # ----------------------------------------------------------------------------- YAML files
 
 
 def default_config_file(env_id: str, algo: str = "sac") -> Traversable | None:
-    """The shipped `configs/{algo}_{family}.yaml` tuned for env_id's family, or None."""
+    """The shipped `configs/{algo}_{family}.yaml` tuned for env_id's family, or None (also for
+    an unknown algo, which Config then reports)."""
     base = env_id.rsplit("/", 1)[-1].split("-v")[0]
     family = "pendulum" if base == "Pendulum" else "mujoco" if base in MUJOCO_ENVS else None
-    if family is None:
+    if family is None or algo not in ALGORITHMS:
         return None
     path = _configs_dir() / f"{algo}_{family}.yaml"
     return path if path.is_file() else None
@@ -286,9 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m rl_graphstep.train",
         description="Train an off-policy actor-critic agent with CUDA-graph-captured updates.",
         epilog=(
-            "Precedence: built-in defaults < the env's shipped YAML (configs/sac_pendulum.yaml "
-            "for Pendulum-v1, configs/sac_mujoco.yaml for MuJoCo envs; only without --config) "
-            "< --config FILE < flags given here."
+            "Precedence: built-in defaults < the shipped YAML for --algo and the env "
+            "(configs/{algo}_pendulum.yaml for Pendulum-v1, configs/{algo}_mujoco.yaml for "
+            "MuJoCo envs; only without --config) < --config FILE < flags given here."
         ),
         argument_default=argparse.SUPPRESS,
     )
@@ -297,19 +391,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for name, f in FIELDS.items():
         kind = _TYPES[name]
-        help_text = f"{f.metadata['help']} (default: {_show(f.default)})"
+        help_text = f"{f.metadata['help']} (default: {_show(field_default(f))})"
         flags = [_flag(name), "--env"] if name == "env_id" else [_flag(name)]
         if kind is bool:
             parser.add_argument(*flags, action=argparse.BooleanOptionalAction, help=help_text)
         elif kind == tuple[int, ...]:
             parser.add_argument(*flags, type=int, nargs="+", metavar="N", help=help_text)
+        elif name in _KWARGS:
+            # Parsed by load_config, so a bad mapping is a ConfigError like one from YAML.
+            parser.add_argument(*flags, type=str, metavar="YAML", help=help_text)
         elif name in _CHOICES:
             # Choices are validated by Config, so flags and YAML share one error message.
             metavar = "{" + ",".join(_CHOICES[name]) + "}"
             parser.add_argument(*flags, type=str, metavar=metavar, help=help_text)
         else:
             scalar = kind if kind in (int, float) else str
-            metavar = {int: "INT", float: "FLOAT"}.get(kind, "ID" if name == "env_id" else "STR")
+            metavar = {int: "INT", float: "FLOAT"}.get(kind, "STR")
+            metavar = {"env_id": "ID", "actor": "SPEC", "critic": "SPEC"}.get(name, metavar)
             parser.add_argument(*flags, type=scalar, metavar=metavar, help=help_text)
     return parser
 
@@ -317,7 +415,29 @@ def build_parser() -> argparse.ArgumentParser:
 def _show(default: Any) -> str:
     if isinstance(default, tuple):
         return " ".join(map(str, default))
+    if isinstance(default, dict):
+        return json.dumps(default)
     return str(default)
+
+
+def _parse_kwargs_flag(name: str, text: str) -> dict[str, Any]:
+    """`--actor-kwargs '{"width": 128}'` (JSON, or YAML flow such as '{width: 128}')."""
+    example = "'{\"width\": 128}'"
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(
+            f"{_flag(name)} must be a YAML/JSON mapping such as {example}, got {text!r} ({problem})"
+        ) from None
+    if value is None:  # an empty string: no keyword arguments
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(
+            f"{_flag(name)} must be a YAML/JSON mapping with string keys such as {example}, "
+            f"got {text!r}"
+        )
+    return value
 
 
 def load_config(argv: Sequence[str] | None = None) -> Config:
@@ -326,7 +446,11 @@ def load_config(argv: Sequence[str] | None = None) -> Config:
     config_file = given.pop("config", None)
     if "hidden_sizes" in given:
         given["hidden_sizes"] = tuple(given["hidden_sizes"])
+    for name in _KWARGS:
+        if name in given:
+            given[name] = _parse_kwargs_flag(name, given[name])
     if config_file is None:
+        # The env's shipped file for the --algo given (a --config file replaces it altogether).
         env_id = given.get("env_id", FIELDS["env_id"].default)
         config_file = default_config_file(env_id, given.get("algo", FIELDS["algo"].default))
     from_file = read_config_file(config_file) if config_file is not None else {}

@@ -271,7 +271,7 @@ def _check_on_cuda(module: nn.Module, optimizer: torch.optim.Optimizer,
     for name, tensor in named:
         if tensor.device != device:
             raise ValueError(
-                f"{type(module).__name__} {name} is on {tensor.device}, expected {device} "
+                f"{module._get_name()} {name} is on {tensor.device}, expected {device} "
                 "(a CUDA graph step needs every parameter on the inputs' CUDA device)"
             )
     return device
@@ -359,7 +359,7 @@ class _Layout:
             return
         causes = (
             "the optimizer's parameter groups or their settings changed",
-            f"a parameter or buffer of {type(self.module).__name__} was re-allocated "
+            f"a parameter or buffer of {self.module._get_name()} was re-allocated "
             "(e.g. by module.to(...) or load_state_dict with assign=True)",
             "an optimizer parameter was re-allocated",
             "the optimizer's state tensors were re-allocated (e.g. by optimizer.load_state_dict)",
@@ -466,7 +466,7 @@ class CudaGraphAdaptationStep:
         except Exception as error:  # the real cause hides in the chain
             cause = _root_cause(error)
             raise CaptureError(
-                f"could not capture the update of {type(module).__name__}: "
+                f"could not capture the update of {module._get_name()}: "
                 f"{type(cause).__name__}: {str(cause).strip().splitlines()[0]}; {_HOST_SYNC_HINT}"
             ) from error
 

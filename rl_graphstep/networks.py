@@ -29,6 +29,8 @@ __all__ = [
     "LOG_STD_MAX",
     "LOG_STD_MIN",
     "Critic",
+    "DeterministicActor",
+    "DeterministicPolicy",
     "EnsembleCritic",
     "SACActor",
     "SquashedGaussianActor",
@@ -50,6 +52,22 @@ class SACActor(Protocol):
 
     def deterministic_action(self, observations: Tensor) -> Tensor:
         """The action (B, A) in [-1, 1] to take when evaluating, without exploration noise."""
+        ...
+
+
+@runtime_checkable
+class DeterministicPolicy(Protocol):
+    """What TD3 and DDPG need from an actor: same capture rules, but no sampling inside.
+
+    The algorithm adds its own exploration and target-smoothing noise around the action.
+    """
+
+    def __call__(self, observations: Tensor) -> Tensor:
+        """The action (B, A) in [-1, 1], differentiable with respect to the actor's parameters."""
+        ...
+
+    def deterministic_action(self, observations: Tensor) -> Tensor:
+        """The action (B, A) in [-1, 1] to take when evaluating (the same as calling it)."""
         ...
 
 
@@ -209,6 +227,41 @@ class StateActionInput(nn.Module):
             )
         self.observation_size = int(observation_size)
 
+    def _get_name(self) -> str:
+        # Errors about the critic step name the user's critic, not this adapter.
+        return f"{self.critic._get_name()} (via StateActionInput)"
+
     def forward(self, inputs: Tensor) -> Tensor:
         """`critic(inputs[:, :observation_size], inputs[:, observation_size:])`."""
         return self.critic(inputs[:, : self.observation_size], inputs[:, self.observation_size :])
+
+
+class DeterministicActor(nn.Module):
+    """TD3's and DDPG's actor: a ReLU MLP whose output is squashed into [-1, 1] by tanh.
+
+    Args:
+        observation_space: flat Box of the observations.
+        action_space: flat Box of the actions; only its size is used, since actions come out
+            in [-1, 1] and are scaled onto the bounds outside the network.
+        hidden_sizes: widths of the hidden layers.
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.spaces.Box,
+        action_space: gym.spaces.Box,
+        hidden_sizes: Sequence[int] = (256, 256),
+    ) -> None:
+        super().__init__()
+        self.observation_size = _flat_size(observation_space, "observation")
+        self.action_size = _flat_size(action_space, "action")
+        self.net = mlp([self.observation_size, *hidden_sizes, self.action_size])
+
+    def forward(self, observations: Tensor) -> Tensor:
+        """The action (B, A) in [-1, 1]."""
+        return torch.tanh(self.net(observations))
+
+    def deterministic_action(self, observations: Tensor) -> Tensor:
+        """The same action as `forward`: exploration noise is the algorithm's job."""
+        # Through self.forward rather than an alias, so a subclass's forward is honoured.
+        return self.forward(observations)

@@ -13,12 +13,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 from tqdm import tqdm
 
-from rl_graphstep.algorithms.sac import SAC
+from rl_graphstep.algorithms import ALGORITHMS, ActorCritic
 from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.config import Config, load_config, to_markdown_table
 from rl_graphstep.envs import (
@@ -31,7 +32,7 @@ from rl_graphstep.envs import (
 )
 from rl_graphstep.errors import ConfigError, RLGraphstepError
 from rl_graphstep.logger import Logger, run_name
-from rl_graphstep.networks import EnsembleCritic, SquashedGaussianActor
+from rl_graphstep.plugins import build_network, check_actor, check_critic
 
 
 def resolve_device(cfg: Config) -> torch.device:
@@ -57,12 +58,38 @@ def resolve_graph(cfg: Config, device: torch.device) -> bool | None:
     return None if device.type == "cuda" else False
 
 
-def train(cfg: Config, *, actor: nn.Module | None = None,
-          critic: nn.Module | None = None) -> dict[str, Any]:
+NetworkSpec = str | type | nn.Module | None
+
+
+def make_networks(algorithm: type[ActorCritic], cfg: Config, observation_space: gym.Space,
+                  action_space: gym.Space, device: torch.device, actor: NetworkSpec = None,
+                  critic: NetworkSpec = None) -> tuple[nn.Module, nn.Module]:
+    """The actor and critic: given ones (class, module or ``module:Class``), else those of
+    ``cfg.actor``/``cfg.critic``, else the algorithm's defaults; each checked once on an
+    example batch before any capture."""
+    actor, critic = actor or cfg.actor, critic or cfg.critic
+    actor_net = (build_network(actor, observation_space, action_space, cfg.actor_kwargs,
+                               role="actor") if actor is not None
+                 else algorithm.default_actor(observation_space, action_space, cfg))
+    critic_net = (build_network(critic, observation_space, action_space, cfg.critic_kwargs,
+                                role="critic") if critic is not None
+                  else algorithm.default_critic(observation_space, action_space, cfg))
+    actor_net, critic_net = actor_net.to(device), critic_net.to(device)
+    sizes = {"observation_size": observation_space.shape[0],
+             "action_size": action_space.shape[0], "device": device}
+    check_actor(actor_net, kind=algorithm.actor_kind, **sizes)
+    check_critic(critic_net, min_members=algorithm.num_critics, **sizes)
+    return actor_net, critic_net
+
+
+def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
+          ) -> dict[str, Any]:
     """Train an agent as ``cfg`` says; return a summary of the run.
 
-    ``actor`` and ``critic`` replace the default networks (see ``rl_graphstep.networks`` for
-    the protocol they meet).
+    ``actor`` and ``critic`` replace the default networks: a class (built as
+    ``cls(observation_space, action_space, **cfg.actor_kwargs)``), a built module, or a
+    ``package.module:Class`` / ``path/file.py:Class`` string. ``rl_graphstep.networks``
+    documents the protocol they meet.
     """
     device = resolve_device(cfg)
     use_graph = resolve_graph(cfg, device)
@@ -73,14 +100,13 @@ def train(cfg: Config, *, actor: nn.Module | None = None,
     observation_size, action_size = observation_space.shape[0], action_space.shape[0]
     low, high = action_space.low, action_space.high
 
+    algorithm = ALGORITHMS[cfg.algo]
+    actor_net, critic_net = make_networks(algorithm, cfg, observation_space, action_space,
+                                          device, actor, critic)
     buffer = ReplayBuffer(min(cfg.buffer_size, cfg.total_timesteps), observation_size,
                           action_size, device)
-    agent = SAC(
-        actor or SquashedGaussianActor(observation_space, action_space, cfg.hidden_sizes),
-        critic or EnsembleCritic(observation_space, action_space, cfg.hidden_sizes),
-        cfg, observation_size=observation_size, action_size=action_size, device=device,
-        use_graph=use_graph,
-    )
+    agent = algorithm(actor_net, critic_net, cfg, observation_size=observation_size,
+                      action_size=action_size, device=device, use_graph=use_graph)
     run_dir = Path(cfg.log_dir) / run_name(cfg)
     recent_returns: deque[float] = deque(maxlen=10)
     episodes = 0
@@ -91,7 +117,7 @@ def train(cfg: Config, *, actor: nn.Module | None = None,
     with Logger(run_dir, to_markdown_table(cfg)) as logger, tqdm(
         total=cfg.total_timesteps, disable=not cfg.progress, unit="step", dynamic_ncols=True
     ) as bar:
-        bar.write(f"{run_dir}: SAC on {cfg.env_id}, {device}, "
+        bar.write(f"{run_dir}: {cfg.algo.upper()} on {cfg.env_id}, {device}, "
                   f"{'CUDA graphs' if use_graph is not False else 'eager'}; {buffer.describe()}")
         observations, _ = envs.reset(seed=cfg.seed)
         while global_step < cfg.total_timesteps:
@@ -99,7 +125,7 @@ def train(cfg: Config, *, actor: nn.Module | None = None,
                 actions = np.random.uniform(-1.0, 1.0, (cfg.num_envs, action_size))
             else:
                 obs = torch.as_tensor(observations, dtype=torch.float32, device=device)
-                actions = agent.act(obs).cpu().numpy()
+                actions = agent.explore(obs).cpu().numpy()
             next_observations, rewards, terminations, _, infos = envs.step(
                 scale_action(actions, low, high))
             global_step += cfg.num_envs

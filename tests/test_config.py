@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from pathlib import Path
 
 import pytest
 
 from rl_graphstep.config import (
+    ALGORITHMS,
     Config,
     config_from_dict,
     config_to_dict,
@@ -160,7 +162,7 @@ def test_bad_value_in_yaml_names_the_file(tmp_path: Path) -> None:
         (["--batch-size", "-1"], "--batch-size must be a positive int, got -1"),
         (["--device", "gpu"], "--device must be one of auto, cpu, cuda, got 'gpu'"),
         (["--graph", "maybe"], "--graph must be one of auto, on, off, got 'maybe'"),
-        (["--algo", "ppo"], "--algo must be one of sac, got 'ppo'"),
+        (["--algo", "ppo"], "--algo must be one of sac, td3, ddpg, got 'ppo'"),
         (["--gamma", "1.5"], "--gamma must be in [0, 1], got 1.5"),
         (["--q-lr", "0"], "--q-lr must be > 0, got 0.0"),
         (["--hidden-sizes", "64", "0"], "--hidden-sizes must be one or more positive ints"),
@@ -184,14 +186,29 @@ def test_unknown_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert "unrecognized arguments: --batchsize" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("env_id", ["Pendulum-v1", "HalfCheetah-v5"])
-def test_shipped_files_load_and_validate(env_id: str) -> None:
-    path = default_config_file(env_id)
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+@pytest.mark.parametrize(
+    ("algo", "env_id"), list(itertools.product(ALGORITHMS, ["Pendulum-v1", "HalfCheetah-v5"]))
+)
+def test_shipped_files_load_and_validate(algo: str, env_id: str) -> None:
+    path = default_config_file(env_id, algo)
     assert path is not None
+    family = "pendulum" if env_id == "Pendulum-v1" else "mujoco"
+    assert path.name == f"{algo}_{family}.yaml"
     values = read_config_file(path)
-    assert values["algo"] == "sac"
+    assert values["algo"] == algo
     cfg = config_from_dict(values, source=str(path))
     assert (cfg.batch_size, cfg.gamma, cfg.tau, cfg.policy_frequency) == (256, 0.99, 0.005, 2)
+    # And through the command line, as a run would get it.
+    assert load_config(["--algo", algo, "--env", env_id]) == dataclasses.replace(cfg, env_id=env_id)
+
+
+def test_every_shipped_file_is_picked_by_some_algo_and_env() -> None:
+    shipped = {p.name for p in CONFIGS.glob("*.yaml")}
+    expected = {f"{a}_{fam}.yaml" for a in ALGORITHMS for fam in ("pendulum", "mujoco")}
+    assert shipped == expected
 
 
 def test_mujoco_file_values() -> None:
@@ -200,11 +217,137 @@ def test_mujoco_file_values() -> None:
     assert (cfg.policy_lr, cfg.q_lr) == (3e-4, 1e-3)
 
 
+def test_td3_flags_pick_the_td3_pendulum_file() -> None:
+    cfg = load_config(["--algo", "td3", "--env", "Pendulum-v1"])
+    assert (cfg.algo, cfg.total_timesteps, cfg.learning_starts) == ("td3", 15000, 1000)
+    assert (cfg.policy_noise, cfg.noise_clip, cfg.exploration_noise) == (0.2, 0.5, 0.1)
+    assert (cfg.policy_frequency, cfg.buffer_size, cfg.policy_lr) == (2, 100_000, 3e-4)
+    # The algo still decides the file when only --algo is given (Pendulum-v1 is the default env).
+    assert load_config(["--algo", "td3"]).total_timesteps == 15000
+    assert load_config(["--algo", "ddpg"]).total_timesteps == 20000
+
+
+def test_ddpg_flags_pick_the_ddpg_mujoco_file() -> None:
+    cfg = load_config(["--algo", "ddpg", "--env", "HalfCheetah-v5"])
+    assert (cfg.algo, cfg.env_id) == ("ddpg", "HalfCheetah-v5")
+    assert (cfg.learning_starts, cfg.total_timesteps, cfg.buffer_size) == (25000, 10**6, 10**6)
+    assert (cfg.policy_lr, cfg.q_lr, cfg.exploration_noise) == (3e-4, 3e-4, 0.1)
+    assert default_config_file("Walker2d-v4", "td3").name == "td3_mujoco.yaml"
+
+
+def test_unknown_algo_picks_no_file() -> None:
+    assert default_config_file("Pendulum-v1", "ppo") is None
+    assert default_config_file("Pendulum-v1", "../configs/sac") is None
+
+
+def test_new_field_defaults() -> None:
+    cfg = Config()
+    assert (cfg.policy_noise, cfg.noise_clip, cfg.exploration_noise) == (0.2, 0.5, 0.1)
+    assert (cfg.actor, cfg.critic, cfg.actor_kwargs, cfg.critic_kwargs) == (None, None, {}, {})
+    # Each Config gets its own dict.
+    assert Config().actor_kwargs is not cfg.actor_kwargs
+
+
+@pytest.mark.parametrize("name", ["policy-noise", "noise-clip", "exploration-noise"])
+def test_negative_noise_is_an_error(name: str) -> None:
+    one_line_error([f"--{name}", "-0.1"], f"--{name} must be a finite number >= 0, got -0.1")
+    assert getattr(load_config([f"--{name}", "0"]), name.replace("-", "_")) == 0.0
+
+
+def test_negative_noise_in_yaml_names_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "noise_clip: -1\n")
+    one_line_error(
+        ["--config", path], rf"noise_clip must be a finite number >= 0, got -1.0 in {path}"
+    )
+
+
+@pytest.mark.parametrize(
+    "spec", ["my_pkg.nets:WideActor", "nets/actor.py:Actor", r"C:\nets\actor.py:Actor"]
+)
+def test_network_specs_are_accepted(spec: str) -> None:
+    assert load_config(["--actor", spec, "--critic", spec]).actor == spec
+
+
+@pytest.mark.parametrize("flag", ["--actor", "--critic"])
+def test_spec_without_colon_names_both_forms(flag: str) -> None:
+    message = one_line_error([flag, "my_pkg.nets.WideActor"], f"{flag} must be")
+    assert "package.module:ClassName" in message
+    assert "path/to/file.py:ClassName" in message
+    assert "'my_pkg.nets.WideActor'" in message
+
+
+@pytest.mark.parametrize("spec", ["my_pkg.nets:", ":Actor", "nets.py:not-a-name"])
+def test_malformed_specs(spec: str) -> None:
+    one_line_error(["--actor", spec], "--actor must be package.module:ClassName or")
+
+
+def test_kwargs_flags_parse_to_dicts() -> None:
+    cfg = load_config(
+        ["--actor-kwargs", '{"width": 64}', "--critic-kwargs", "{depth: 3, act: relu}"]
+    )
+    assert cfg.actor_kwargs == {"width": 64}
+    assert cfg.critic_kwargs == {"depth": 3, "act": "relu"}
+    assert load_config(["--actor-kwargs", ""]).actor_kwargs == {}
+
+
+@pytest.mark.parametrize("text", ["64", "[1, 2]", "width", "{1: 2}", '{"width": '])
+def test_kwargs_flag_must_be_a_mapping(text: str) -> None:
+    message = one_line_error(["--actor-kwargs", text], "--actor-kwargs must be a YAML/JSON mapping")
+    assert """'{"width": 128}'""" in message
+
+
+def test_yaml_kwargs_and_the_flag_overrides_them(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "actor: nets.py:Actor\nactor_kwargs: {width: 128, sizes: [8, 8]}\n"
+        "critic_kwargs:\n  depth: 2\n",
+    )
+    cfg = load_config(["--config", path])
+    assert cfg.actor == "nets.py:Actor"
+    assert cfg.actor_kwargs == {"width": 128, "sizes": [8, 8]}
+    assert cfg.critic_kwargs == {"depth": 2}
+    # A flag replaces the whole mapping (no merge), like any other flag.
+    cfg = load_config(["--config", path, "--actor-kwargs", '{"width": 64}'])
+    assert (cfg.actor_kwargs, cfg.critic_kwargs) == ({"width": 64}, {"depth": 2})
+
+
+@pytest.mark.parametrize("text", ["actor_kwargs: 3\n", "actor_kwargs: [width]\n"])
+def test_yaml_kwargs_must_be_a_mapping(tmp_path: Path, text: str) -> None:
+    one_line_error(["--config", write(tmp_path, text)], "actor_kwargs must be a mapping")
+
+
+def test_config_with_kwargs_is_hashable_and_owns_its_dicts() -> None:
+    kwargs = {"width": 64, "sizes": [1, 2]}
+    cfg = Config(actor_kwargs=kwargs)
+    kwargs["width"] = 1
+    assert cfg.actor_kwargs["width"] == 64
+    same = Config(actor_kwargs={"sizes": [1, 2], "width": 64})
+    assert cfg == same and hash(cfg) == hash(same)
+    assert hash(Config()) == hash(Config())
+    assert len({cfg, same, Config()}) == 2
+
+
+def test_markdown_table_has_the_new_keys() -> None:
+    cfg = Config(algo="td3", actor="nets.py:Actor", actor_kwargs={"width": 64})
+    table = to_markdown_table(cfg)
+    for key in ("policy_noise", "noise_clip", "exploration_noise", "critic", "critic_kwargs"):
+        assert f"| {key} |" in table
+    assert "| actor | nets.py:Actor |" in table
+    assert '| actor_kwargs | {"width": 64} |' in table
+    assert "| critic_kwargs | {} |" in table
+    assert "| exploration_noise | 0.1 |" in table
+
+
 def test_dict_round_trip_and_markdown() -> None:
-    cfg = Config(batch_size=64, hidden_sizes=(32, 32), run_name="a|b")
+    cfg = Config(
+        batch_size=64, hidden_sizes=(32, 32), run_name="a|b", critic_kwargs={"sizes": (4, 4)}
+    )
     data = config_to_dict(cfg)
     assert data["hidden_sizes"] == [32, 32]
-    assert config_from_dict(data) == cfg
+    # Tuples inside the kwargs come out as YAML lists too (and stay as given in the Config).
+    assert data["critic_kwargs"] == {"sizes": [4, 4]}
+    assert cfg.critic_kwargs == {"sizes": (4, 4)}
+    assert config_from_dict(data) == dataclasses.replace(cfg, critic_kwargs={"sizes": [4, 4]})
     table = to_markdown_table(cfg)
     assert table.splitlines()[:2] == ["| key | value |", "|---|---|"]
     for f in dataclasses.fields(Config):

@@ -15,6 +15,8 @@ from rl_graphstep.networks import (
     LOG_STD_MAX,
     LOG_STD_MIN,
     Critic,
+    DeterministicActor,
+    DeterministicPolicy,
     EnsembleCritic,
     SACActor,
     SquashedGaussianActor,
@@ -209,3 +211,49 @@ def test_state_action_input_needs_an_observation_size() -> None:
     with pytest.raises(ValueError, match="observation_size"):
         StateActionInput(nn.Linear(8, 2))
     assert StateActionInput(nn.Linear(8, 2), observation_size=5).observation_size == 5
+
+
+def test_deterministic_actor_shapes_and_range() -> None:
+    actor = DeterministicActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(32, 32))
+    # Large inputs drive tanh into saturation; the actions must still stay in [-1, 1].
+    observations = torch.randn(64, 5) * 100
+    actions = actor(observations)
+    assert actions.shape == (64, 3)
+    assert actions.abs().max() <= 1.0
+    assert actions.abs().max() > 0.99
+    assert isinstance(actor, DeterministicPolicy)
+    assert (actor.observation_size, actor.action_size) == (5, 3)
+
+
+def test_deterministic_actor_is_tanh_of_its_mlp_and_noise_free() -> None:
+    actor = DeterministicActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(16,))
+    assert [type(m) for m in actor.net] == [nn.Linear, nn.ReLU, nn.Linear]
+    observations = torch.randn(6, 5)
+    first, second = actor(observations), actor(observations)
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+    torch.testing.assert_close(first, torch.tanh(actor.net(observations)))
+    torch.testing.assert_close(actor.deterministic_action(observations), first)
+
+
+def test_deterministic_actor_gradient_flows_to_every_parameter() -> None:
+    actor = DeterministicActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(16, 16))
+    actor(torch.randn(8, 5)).sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in actor.parameters())
+
+
+def test_deterministic_action_follows_a_subclass_forward() -> None:
+    class Halved(DeterministicActor):
+        def forward(self, observations: torch.Tensor) -> torch.Tensor:
+            return 0.5 * super().forward(observations)
+
+    actor = Halved(OBS_SPACE, ACT_SPACE, hidden_sizes=(8,))
+    observations = torch.randn(3, 5)
+    torch.testing.assert_close(actor.deterministic_action(observations), actor(observations))
+
+
+def test_deterministic_actor_without_hidden_layers_and_rejects_image_spaces() -> None:
+    actor = DeterministicActor(OBS_SPACE, ACT_SPACE, hidden_sizes=())
+    assert actor(torch.randn(2, 5)).shape == (2, 3)
+    image = gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)
+    with pytest.raises(ConfigError, match="flat"):
+        DeterministicActor(image, ACT_SPACE)

@@ -6,45 +6,16 @@ import math
 
 import pytest
 import torch
-from torch import Tensor, nn
+from fakes import ROWS, FixedActor, LinearCritic
 
 from rl_graphstep.algorithms.sac import SAC
 from rl_graphstep.config import Config
 
 
-class FixedActor(nn.Module):
-    """action = tanh(w * obs[:, :1]); log_pi = 0.1 * obs.sum(1): deterministic, differentiable."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.tensor(0.5))
-
-    def forward(self, obs: Tensor) -> tuple[Tensor, Tensor]:
-        return torch.tanh(self.w * obs[:, :1]), 0.1 * obs.sum(1) * self.w
-
-
-class LinearTwinCritic(nn.Module):
-    """Q_e(o, a) = c_e * (o.sum() + a.sum()) for e in {0, 1}."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.c = nn.Parameter(torch.tensor([1.0, 2.0]))
-
-    def forward(self, obs: Tensor, act: Tensor) -> Tensor:
-        return (obs.sum(1, keepdim=True) + act.sum(1, keepdim=True)) * self.c
-
-
 def make_sac(**overrides: object) -> SAC:
     cfg = Config(**{"alpha": 0.5, "gamma": 0.9, "tau": 0.1, "policy_frequency": 2, **overrides})
-    return SAC(FixedActor(), LinearTwinCritic(), cfg, observation_size=2, action_size=1,
+    return SAC(FixedActor(), LinearCritic(), cfg, observation_size=2, action_size=1,
                device=torch.device("cpu"))
-
-
-# Two transitions, packed as [obs(2) | act(1) | reward | not_done | next_obs(2)].
-ROWS = torch.tensor([
-    [1.0, 2.0, 0.5, 1.0, 1.0, 0.2, -0.4],
-    [-1.0, 0.5, -0.3, -2.0, 0.0, 1.5, 1.0],
-])
 
 
 def hand_td_target(row: list[float], alpha: float, gamma: float) -> float:

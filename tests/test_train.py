@@ -43,9 +43,13 @@ def test_train_from_python_returns_a_summary(tmp_path: Path) -> None:
     assert summary["mean_return_last_10"] < 0
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rl_graphstep.train", *args],
-                          capture_output=True, text=True, timeout=120)
+    """The command line as a user runs it, from the repository root."""
+    return subprocess.run([sys.executable, "-m", "rl_graphstep.train", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize(
@@ -89,10 +93,61 @@ def test_help_lists_the_flags() -> None:
         assert flag in result.stdout
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--algo", "td3", "--actor", "examples.residual_actor:ResidualActor"],
+         "ResidualActor.forward returned a tuple, expected a tensor action"),
+        (["--critic", "examples/no_such_file.py:Critic"], "does not exist"),
+        (["--actor", "examples.residual_actor"], "must be package.module:ClassName"),
+    ],
+)
+def test_bad_custom_networks_are_one_line(args: list[str], message: str, tmp_path: Path) -> None:
+    result = run_cli(*args, *SHORT, "--log-dir", str(tmp_path))
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--actor", "examples.residual_actor:ResidualActor", "--actor-kwargs",
+         "{width: 32, blocks: 2}", "--critic", "examples/layernorm_critic.py:LayerNormCritic"],
+        ["--algo", "td3", "--critic", "examples/layernorm_critic.py:LayerNormCritic",
+         "--critic-kwargs", "{hidden_sizes: [32, 32]}"],
+    ],
+    ids=["sac-residual-actor-layernorm-critic", "td3-layernorm-critic"],
+)
+def test_examples_train_through_the_cli(args: list[str], tmp_path: Path) -> None:
+    result = run_cli(*args, *SHORT, "--log-dir", str(tmp_path), "--run-name", "custom")
+    assert result.returncode == 0, result.stderr
+    assert "done: 400 steps, 2 episodes" in result.stdout
+    events = EventAccumulator(str(tmp_path / "custom"))
+    events.Reload()
+    assert len(events.Scalars("losses/actor")) == 3
+
+
+def test_custom_networks_from_python(tmp_path: Path) -> None:
+    import gymnasium as gym
+
+    from examples.layernorm_critic import LayerNormCritic
+    from examples.residual_actor import ResidualActor
+
+    env = gym.make("Pendulum-v1")
+    critic = LayerNormCritic(env.observation_space, env.action_space, hidden_sizes=(16, 16))
+    cfg = load_config(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), *SHORT])
+    summary = train(cfg, actor=ResidualActor, critic=critic)
+    assert summary["global_step"] == 400
+    assert critic.members[0][0].weight.grad is not None  # the given module itself was trained
+
+
 @pytest.mark.slow
-def test_sac_learns_pendulum_on_cpu(tmp_path: Path) -> None:
-    cfg = load_config(["--env", "Pendulum-v1", "--seed", "0", "--device", "cpu",
-                       "--log-dir", str(tmp_path), "--no-progress"])
-    assert cfg.total_timesteps == 15_000
+@pytest.mark.parametrize(("algo", "steps"), [("sac", 15_000), ("td3", 15_000),
+                                             ("ddpg", 20_000)])
+def test_learns_pendulum_on_cpu(algo: str, steps: int, tmp_path: Path) -> None:
+    cfg = load_config(["--env", "Pendulum-v1", "--algo", algo, "--seed", "0", "--device",
+                       "cpu", "--log-dir", str(tmp_path), "--no-progress"])
+    assert cfg.total_timesteps == steps
     summary = train(cfg)
     assert summary["mean_return_last_10"] >= -300, summary

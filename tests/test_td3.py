@@ -1,0 +1,94 @@
+"""TD3 and DDPG losses against hand computations, and their delayed update schedule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from fakes import ROWS, FixedDeterministicActor, LinearCritic
+
+from rl_graphstep.algorithms import ALGORITHMS, DDPG, TD3
+from rl_graphstep.config import ALGORITHMS as CONFIG_ALGORITHMS
+from rl_graphstep.config import Config
+
+
+def make(kind: type[TD3], members: int, **overrides: object) -> TD3:
+    cfg = Config(**{"algo": kind.name, "gamma": 0.9, "tau": 0.1, "policy_frequency": 2,
+                    **overrides})
+    return kind(FixedDeterministicActor(), LinearCritic(members), cfg, observation_size=2,
+                action_size=1, device=torch.device("cpu"))
+
+
+def hand_td_target(row: list[float], noise: float, members: int, gamma: float = 0.9) -> float:
+    _, _, _, reward, not_done, n0, n1 = row
+    action = min(1.0, max(-1.0, math.tanh(0.5 * n0) + noise))
+    base = n0 + n1 + action
+    next_q = min(c * base for c in range(1, members + 1))
+    return reward + not_done * gamma * next_q
+
+
+def critic_loss_by_hand(q: torch.Tensor, targets: list[float]) -> float:
+    members = q.shape[1]
+    return sum(sum((q[b, e].item() - targets[b]) ** 2 for b in range(2)) / 2
+               for e in range(members))
+
+
+def test_td3_critic_loss_with_clipped_smoothing_noise() -> None:
+    td3 = make(TD3, 2, policy_noise=0.4, noise_clip=0.3)
+    q = torch.tensor([[1.0, 2.0], [0.0, -1.0]])
+    torch.manual_seed(0)
+    loss = td3.critic_loss(q, ROWS[:, 3:])
+    torch.manual_seed(0)
+    noise = (torch.randn(2, 1) * 0.4).clamp(-0.3, 0.3)[:, 0].tolist()
+    assert noise[0] == pytest.approx(0.3) and abs(noise[1]) < 0.3  # the clip binds once
+    targets = [hand_td_target(row, n, 2) for row, n in zip(ROWS.tolist(), noise, strict=True)]
+    assert loss.item() == pytest.approx(critic_loss_by_hand(q, targets), rel=1e-6)
+
+
+def test_ddpg_critic_loss_has_no_smoothing_and_one_critic() -> None:
+    ddpg = make(DDPG, 1, policy_noise=0.4)
+    q = torch.tensor([[1.0], [0.0]])
+    loss = ddpg.critic_loss(q, ROWS[:, 3:])
+    targets = [hand_td_target(row, 0.0, 1) for row in ROWS.tolist()]
+    assert loss.item() == pytest.approx(critic_loss_by_hand(q, targets), rel=1e-6)
+
+
+def test_td3_actor_loss_uses_the_first_critic() -> None:
+    td3 = make(TD3, 2)
+    obs = ROWS[:, :2]
+    loss = td3.actor_loss(td3.actor(obs), obs)
+    expected = -sum(o0 + o1 + math.tanh(0.5 * o0) for o0, o1 in obs.tolist()) / 2
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert td3.actor_loss_value.item() == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize(("kind", "members"), [(TD3, 2), (DDPG, 1)])
+def test_actor_and_targets_update_on_the_delay(kind: type[TD3], members: int) -> None:
+    agent = make(kind, members)
+    target_actor = agent.target_actor.w.detach().clone()
+    target_critic = agent.target_critic.c.detach().clone()
+    metrics = agent.update(ROWS)  # update 0: critic, actor once, then both targets
+    assert agent.actor_optimizer.state[agent.actor.w]["step"].item() == 1
+    torch.testing.assert_close(agent.target_actor.w, 0.9 * target_actor + 0.1 * agent.actor.w)
+    torch.testing.assert_close(agent.target_critic.c, 0.9 * target_critic + 0.1 * agent.critic.c)
+    assert set(metrics) == {"losses/critic", "losses/critic_grad_norm", "losses/actor",
+                            "losses/actor_grad_norm"}
+    targets_after_first = (agent.target_actor.w.clone(), agent.target_critic.c.clone())
+    metrics = agent.update(ROWS)  # update 1: critic only, targets untouched
+    assert set(metrics) == {"losses/critic", "losses/critic_grad_norm"}
+    assert agent.actor_optimizer.state[agent.actor.w]["step"].item() == 1
+    assert torch.equal(agent.target_actor.w, targets_after_first[0])
+    assert torch.equal(agent.target_critic.c, targets_after_first[1])
+
+
+def test_exploration_noise_is_clipped_to_the_action_range() -> None:
+    td3 = make(TD3, 2, exploration_noise=5.0)
+    actions = td3.explore(torch.randn(1000, 2))
+    assert actions.abs().max() <= 1.0
+    assert actions.std() > 0.5  # the noise is really there
+
+
+def test_every_algorithm_is_a_config_choice() -> None:
+    assert set(ALGORITHMS) == set(CONFIG_ALGORITHMS)
+    assert {name: cls.name for name, cls in ALGORITHMS.items()} == {n: n for n in ALGORITHMS}
