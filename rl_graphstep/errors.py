@@ -1,6 +1,13 @@
-"""The project's error types: each one is a single clear line for the user, never a traceback."""
+"""The project's error types (each one clear line for the user, never a traceback) and the
+helpers that point such a line at the user's own code."""
 
 from __future__ import annotations
+
+import os
+import traceback
+from pathlib import Path
+
+import torch
 
 
 class RLGraphstepError(Exception):
@@ -17,3 +24,34 @@ class EnvError(RLGraphstepError, ValueError):
 
 class CaptureError(RLGraphstepError, RuntimeError):
     """An update could not be captured as a CUDA graph."""
+
+
+# Frames in these folders are the library's, not the user's: a message names the user's line.
+_LIBRARY_DIRS = tuple(
+    os.path.realpath(folder) + os.sep
+    for folder in (os.path.dirname(torch.__file__), os.path.dirname(__file__))
+)
+
+
+def user_frame(error: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of ``error``'s traceback outside torch and rl_graphstep."""
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        if not os.path.realpath(frame.filename).startswith(_LIBRARY_DIRS):
+            return frame
+    return None
+
+
+def user_location(error: BaseException) -> str:
+    """``file.py:12`` of :func:`user_frame`, or ``""`` when every frame is the library's."""
+    frame = user_frame(error)
+    return "" if frame is None else f"{display_path(frame.filename)}:{frame.lineno}"
+
+
+def display_path(filename: str) -> str:
+    """Relative to the working folder when the file lies below it: short and clickable."""
+    try:
+        if Path(filename).resolve().is_relative_to(Path.cwd().resolve()):
+            return os.path.relpath(filename)
+    except (OSError, ValueError):
+        pass
+    return filename

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rl_graphstep.errors import CaptureError
+from rl_graphstep.errors import CaptureError, user_location
 
 TensorLoss = Callable[[Any, Tensor], Tensor]
 """``loss_function(prediction, targets)``: a scalar, differentiable tensor."""
@@ -450,6 +450,8 @@ class CudaGraphAdaptationStep:
         body = _UpdateBody(module, optimizer, loss_function, gradient_transform)
         snapshot = _Snapshot(module, optimizer)
         rng = (torch.get_rng_state(), torch.cuda.get_rng_state(device))
+        generator = torch.cuda.default_generators[device.index or 0]
+        generator_backup = generator.clone_state()
 
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
@@ -464,10 +466,17 @@ class CudaGraphAdaptationStep:
             with torch.cuda.graph(graph, pool=pool):
                 static_loss = body(static_inputs, static_targets)
         except Exception as error:  # the real cause hides in the chain
+            # A failed capture leaves the generator in capture mode: every later random draw
+            # would fail. Put back a clean copy, which also undoes the warm-up's draws.
+            generator.graphsafe_set_state(generator_backup)
+            snapshot.restore(optimizer)
+            torch.set_rng_state(rng[0])
             cause = _root_cause(error)
+            where = user_location(cause)
             raise CaptureError(
-                f"could not capture the update of {module._get_name()}: "
-                f"{type(cause).__name__}: {str(cause).strip().splitlines()[0]}; {_HOST_SYNC_HINT}"
+                f"could not capture the update of {module._get_name()}"
+                f"{f' (at {where})' if where else ''}: {type(cause).__name__}: "
+                f"{str(cause).strip().splitlines()[0]}; {_HOST_SYNC_HINT}"
             ) from error
 
         snapshot.restore(optimizer)

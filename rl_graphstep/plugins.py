@@ -12,7 +12,6 @@ import itertools
 import os
 import re
 import sys
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,7 +21,7 @@ import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
-from rl_graphstep.errors import ConfigError
+from rl_graphstep.errors import ConfigError, display_path, user_frame, user_location
 
 __all__ = [
     "ActorKind",
@@ -49,11 +48,6 @@ _GRAPH_HINT = (
 )
 # PyTorch's sync debug mode raises a RuntimeError with this text (c10/cuda/CUDAFunctions.h).
 _SYNC_ERROR_TEXT = "synchronizing CUDA operation"
-# Frames in these folders are the library's, not the user's: a message names the user's line.
-_LIBRARY_DIRS = tuple(
-    os.path.realpath(folder) + os.sep
-    for folder in (os.path.dirname(torch.__file__), os.path.dirname(__file__))
-)
 # Module names for files loaded by path: a fresh one per load, so two files with one stem
 # (or one file loaded twice) never share a sys.modules entry.
 _file_module_ids = itertools.count()
@@ -358,7 +352,7 @@ def _run_forward(module: nn.Module, inputs: tuple[Tensor, ...], name: str,
         if _SYNC_ERROR_TEXT in str(error):
             raise ConfigError(describe_host_sync(error, name)) from error
         shapes = ", ".join(str(tuple(t.shape)) for t in inputs)
-        where = _user_location(error)
+        where = user_location(error)
         raise ConfigError(
             f"{name}.forward raised {type(error).__name__}: {_first_line(error)}"
             f"{f' at {where}' if where else ''} (on a random batch of shape {shapes})"
@@ -422,7 +416,7 @@ def describe_host_sync(error: BaseException, cls_name: str, method: str = "forwa
     (`x = q.item()`), which cannot run inside a CUDA graph: ...`. Any exception works, so
     this can be tested without a GPU.
     """
-    frame = _user_frame(error)
+    frame = user_frame(error)
     what = "a synchronizing CUDA operation"
     where = ""
     if frame is not None:
@@ -432,32 +426,10 @@ def describe_host_sync(error: BaseException, cls_name: str, method: str = "forwa
             if match:
                 what = describe(match)
                 break
-        where = f" at {_display_path(frame.filename)}:{frame.lineno}"
+        where = f" at {display_path(frame.filename)}:{frame.lineno}"
         if source:
             where += f" (`{source}`)"
     return f"{cls_name}.{method} calls {what}{where}, {_GRAPH_HINT}"
-
-
-def _user_frame(error: BaseException) -> traceback.FrameSummary | None:
-    for frame in reversed(traceback.extract_tb(error.__traceback__)):
-        path = os.path.realpath(frame.filename)
-        if not path.startswith(_LIBRARY_DIRS):
-            return frame
-    return None
-
-
-def _user_location(error: BaseException) -> str:
-    frame = _user_frame(error)
-    return "" if frame is None else f"{_display_path(frame.filename)}:{frame.lineno}"
-
-
-def _display_path(filename: str) -> str:
-    # Relative to where the user ran the command when it lies below it: short and clickable.
-    try:
-        return os.path.relpath(filename) if Path(filename).resolve().is_relative_to(
-            Path.cwd().resolve()) else filename
-    except (OSError, ValueError):
-        return filename
 
 
 def _first_line(error: BaseException) -> str:

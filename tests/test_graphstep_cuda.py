@@ -256,9 +256,15 @@ def test_host_sync_in_the_step_names_the_cause_and_leaves_cuda_usable() -> None:
             return out * 2 if out.mean().item() > 0 else out  # a host sync
 
     module = Syncing()
-    message = r"could not capture the update of Syncing: .*remove \.item\(\)"
+    before = [p.detach().clone() for p in module.parameters()]
+    message = (r"could not capture the update of Syncing \(at tests/test_graphstep_cuda.py:\d+\)"
+               r": .*remove \.item\(\)")
     with pytest.raises(CaptureError, match=message):
         CudaGraphAdaptationStep.capture(module, adam(module.parameters()), *batches(1)[0], mse)
+    # nothing consumed: the warm-up's updates are undone and random draws work again
+    for p, b in zip(module.parameters(), before, strict=True):
+        assert torch.equal(p, b)
+    assert torch.randn(3, device=DEVICE).isfinite().all()
     eager = EagerAdaptationStep.capture(module, adam(module.parameters()), *batches(1)[0], mse)
     assert torch.isfinite(eager(*batches(1)[0], synchronize=True))
 
