@@ -114,6 +114,17 @@ class Config:
     actor_max_grad_norm: float = option(100.0, "actor gradient-norm clip")
     log_interval: int = option(1000, "environment steps between tensorboard writes")
     progress: bool = option(True, "show a progress bar")
+    checkpoint_every: int = option(
+        50_000, "environment steps between checkpoints (one is always written at the end)"
+    )
+    keep_checkpoints: int = option(3, "how many of the newest checkpoints to keep")
+    save_buffer: bool = option(False, "include the replay buffer in checkpoints (exact resume)")
+    resume: str | None = option(
+        None, "continue the run in this folder (runs/<run>) from its latest checkpoint"
+    )
+    nonfinite_limit: int = option(
+        1000, "stop after this many consecutive updates skipped for non-finite values"
+    )
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -143,6 +154,9 @@ _POSITIVE_INTS = (
     "policy_frequency",
     "target_network_frequency",
     "log_interval",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "nonfinite_limit",
 )
 _CHOICES: dict[str, tuple[str, ...]] = {"algo": ALGORITHMS, "device": DEVICES, "graph": GRAPH_MODES}
 
@@ -440,15 +454,31 @@ def _parse_kwargs_flag(name: str, text: str) -> dict[str, Any]:
     return value
 
 
-def load_config(argv: Sequence[str] | None = None) -> Config:
-    """Parse argv (sys.argv[1:] when None) into a validated Config; user errors: ConfigError."""
+def command_line_values(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    """The flags given on the command line (and ``config``), typed; defaults left out."""
     given = vars(build_parser().parse_args(argv))
-    config_file = given.pop("config", None)
     if "hidden_sizes" in given:
         given["hidden_sizes"] = tuple(given["hidden_sizes"])
     for name in _KWARGS:
         if name in given:
             given[name] = _parse_kwargs_flag(name, given[name])
+    return given
+
+
+def load_config(argv: Sequence[str] | None = None, *,
+                base: Mapping[str, Any] | None = None) -> Config:
+    """Parse argv (sys.argv[1:] when None) into a validated Config; user errors: ConfigError.
+
+    ``base`` (a resumed run's own config) replaces the defaults and YAML files; the flags
+    given still override it.
+    """
+    given = command_line_values(argv)
+    config_file = given.pop("config", None)
+    if base is not None:
+        if config_file is not None:
+            raise ConfigError("--config cannot be combined with --resume: a resumed run keeps "
+                              "its own config; override single settings with their flags")
+        return Config(**{**_coerce_mapping(base, "the resumed run's config"), **given})
     if config_file is None:
         # The env's shipped file for the --algo given (a --config file replaces it altogether).
         env_id = given.get("env_id", FIELDS["env_id"].default)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import random
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
@@ -153,6 +154,25 @@ def seed_everything(seed: int) -> None:
     # manual_seed already seeds CUDA lazily; being explicit keeps the intent visible.
     if torch.cuda.is_available():
         torch.cuda.manual_seed_all(seed)
+
+
+def rng_state() -> dict[str, Any]:
+    """Every global random state a run draws from (for checkpoints)."""
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` saved (CUDA states only where CUDA is present)."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def scale_action(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:

@@ -55,3 +55,7 @@ def display_path(filename: str) -> str:
     except (OSError, ValueError):
         pass
     return filename
+
+
+class CheckpointError(RLGraphstepError, ValueError):
+    """A checkpoint cannot be found, read, or does not suit the run asked for."""

@@ -127,6 +127,66 @@ def _check_capture_arguments(optimizer: torch.optim.Optimizer, warmup_steps: int
         raise ValueError("the optimizer holds no parameter that requires grad")
 
 
+class NonFiniteGuard:
+    """Skips, on the device and without a host sync, an update whose loss or gradients are
+    not finite, so one bad batch cannot corrupt the parameters.
+
+    Before the optimizer step it zeroes the gradients of a bad update (so the step itself
+    stays finite) and copies the parameters and optimizer state aside; after the step it
+    puts them back exactly when the update was bad. ``skipped`` counts skipped updates,
+    ``consecutive`` the current run of them (both int64 device tensors).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+        self.optimizer = optimizer
+        self.device = device
+        self.skipped = torch.zeros((), dtype=torch.int64, device=device)
+        self.consecutive = torch.zeros((), dtype=torch.int64, device=device)
+        self._tensors: list[Tensor] = []
+        self._backups: list[Tensor] = []
+
+    def _guarded(self) -> tuple[list[Tensor], list[Tensor]]:
+        tensors = [
+            t for t in (*_selected_parameters(self.optimizer),
+                        *(v for _, _, v in _state_tensors(self.optimizer)))
+            if t.is_floating_point() and t.device == self.device
+        ]
+        # The state appears after the first eager step; inside a graph this never changes.
+        if len(tensors) != len(self._tensors) or any(
+            a is not b for a, b in zip(tensors, self._tensors, strict=True)
+        ):
+            self._tensors, self._backups = tensors, [t.detach().clone() for t in tensors]
+        return self._tensors, self._backups
+
+    @torch.no_grad()
+    def before_step(self, loss: Tensor, parameters: list[Tensor]) -> Tensor:
+        """Check the update, neutralise a bad one's gradients, back up what the step changes;
+        returns the 0-dim float ``keep`` (1: finite update, 0: skip)."""
+        grads = [p.grad for p in parameters if p.grad is not None]
+        finite = torch.isfinite(loss.detach())
+        if grads:
+            finite = finite & torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())
+            for grad in grads:
+                grad.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+            torch._foreach_mul_(grads, finite.to(grads[0].dtype))
+        self.skipped.add_(~finite)
+        self.consecutive.mul_(~finite).add_(~finite)
+        tensors, backups = self._guarded()
+        torch._foreach_copy_(backups, tensors)
+        return finite.float()
+
+    @torch.no_grad()
+    def after_step(self, keep: Tensor) -> None:
+        """Undo the step when ``keep`` is 0: t*1 + b*0 = t and t*0 + b*1 = b, exactly."""
+        tensors, backups = self._guarded()
+        torch._foreach_mul_(tensors, keep)
+        torch._foreach_add_(tensors, torch._foreach_mul(backups, 1.0 - keep))
+
+    def reset(self) -> None:
+        self.skipped.zero_()
+        self.consecutive.zero_()
+
+
 class _UpdateBody:
     """The update both steps run: zero grads, forward, loss, backward, transform, step.
 
@@ -140,11 +200,13 @@ class _UpdateBody:
         optimizer: torch.optim.Optimizer,
         loss_function: TensorLoss,
         gradient_transform: GradientTransform | None,
+        guard: NonFiniteGuard | None = None,
     ) -> None:
         self.module = module
         self.optimizer = optimizer
         self.loss_function = loss_function
         self.gradient_transform = gradient_transform
+        self.guard = guard
         self.parameters = _selected_parameters(optimizer)
 
     def forward_loss(self, inputs: Tensor, targets: Tensor) -> Tensor:
@@ -160,7 +222,12 @@ class _UpdateBody:
         loss.backward(inputs=self.parameters)
         if self.gradient_transform is not None:
             self.gradient_transform()
-        self.optimizer.step()
+        if self.guard is None:
+            self.optimizer.step()
+        else:
+            keep = self.guard.before_step(loss, self.parameters)
+            self.optimizer.step()
+            self.guard.after_step(keep)
         return loss.detach()
 
 
@@ -193,6 +260,7 @@ class EagerAdaptationStep:
         self.static_targets = static_targets
         self.static_loss = torch.zeros((), device=static_inputs.device)
         self._body = body
+        self.guard = body.guard
 
     @classmethod
     def capture(
@@ -206,12 +274,14 @@ class EagerAdaptationStep:
         warmup_steps: int = 3,
         gradient_transform: GradientTransform | None = None,
         pool: Any = None,
+        skip_nonfinite: bool = False,
     ) -> EagerAdaptationStep:
         """Validate and wrap an update; ``warmup_steps`` and ``pool`` only matter to graphs."""
         del pool
         _check_capture_arguments(optimizer, warmup_steps)
         _check_is_tensor(example_inputs=example_inputs, example_targets=example_targets)
-        body = _UpdateBody(module, optimizer, loss_function, gradient_transform)
+        guard = NonFiniteGuard(optimizer, example_inputs.device) if skip_nonfinite else None
+        body = _UpdateBody(module, optimizer, loss_function, gradient_transform, guard)
         devices = [example_inputs.device] if example_inputs.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), torch.enable_grad():
             body.forward_loss(example_inputs, example_targets)
@@ -419,6 +489,7 @@ class CudaGraphAdaptationStep:
         # The graph writes into tensors the body owns (a clip transform's recorded norm, say):
         # holding it keeps them alive, or their memory would be reused while replays write it.
         self._body = body
+        self.guard = body.guard
         self._layout = _Layout(module, optimizer)
 
     @classmethod
@@ -433,6 +504,7 @@ class CudaGraphAdaptationStep:
         warmup_steps: int = 3,
         gradient_transform: GradientTransform | None = None,
         pool: Any = None,
+        skip_nonfinite: bool = False,
     ) -> CudaGraphAdaptationStep:
         """Warm up, capture one update, and restore the pre-capture values in place.
 
@@ -440,6 +512,10 @@ class CudaGraphAdaptationStep:
         and let the allocator settle); then one update is captured. Afterwards every module
         parameter and buffer, every optimizer parameter and state tensor, and the RNG state
         are back to their values before this call: capturing consumes no update.
+
+        ``pool``: another step's ``pool``, to share memory with it (replay them in capture
+        order). ``skip_nonfinite``: skip, on the device, updates whose loss or gradients are
+        not finite (see :class:`NonFiniteGuard`; counts in ``self.guard``).
         """
         _check_capture_arguments(optimizer, warmup_steps)
         device = _check_on_cuda(module, optimizer, example_inputs, example_targets)
@@ -447,7 +523,8 @@ class CudaGraphAdaptationStep:
 
         static_inputs = example_inputs.detach().clone()
         static_targets = example_targets.detach().clone()
-        body = _UpdateBody(module, optimizer, loss_function, gradient_transform)
+        guard = NonFiniteGuard(optimizer, device) if skip_nonfinite else None
+        body = _UpdateBody(module, optimizer, loss_function, gradient_transform, guard)
         snapshot = _Snapshot(module, optimizer)
         rng = (torch.get_rng_state(), torch.cuda.get_rng_state(device))
         generator = torch.cuda.default_generators[device.index or 0]
@@ -480,6 +557,8 @@ class CudaGraphAdaptationStep:
             ) from error
 
         snapshot.restore(optimizer)
+        if guard is not None:
+            guard.reset()  # the warm-up's skips are not the run's
         torch.set_rng_state(rng[0])
         torch.cuda.set_rng_state(rng[1], device)
         torch.cuda.synchronize(device)
@@ -518,6 +597,7 @@ def make_adaptation_step(
     warmup_steps: int = 3,
     gradient_transform: GradientTransform | None = None,
     pool: Any = None,
+    skip_nonfinite: bool = False,
 ) -> AdaptationStep:
     """Capture the update as a CUDA graph on CUDA, else wrap it in the eager twin.
 
@@ -535,4 +615,5 @@ def make_adaptation_step(
     return kind.capture(
         module, optimizer, example_inputs, example_targets, loss_function,
         warmup_steps=warmup_steps, gradient_transform=gradient_transform, pool=pool,
+        skip_nonfinite=skip_nonfinite,
     )

@@ -1,18 +1,25 @@
 """`python -m rl_graphstep.train --env ENV`: the off-policy training loop and its command line.
 
 The loop reads like the algorithm: act (randomly before ``learning_starts``), step the
-environments, store the transitions, update critic and actor from a replay sample, log.
+environments, store the transitions, update critic and actor from a replay sample, log,
+checkpoint. Ctrl-C and SIGTERM finish the current step, save a checkpoint and flush the logs.
 """
 
 from __future__ import annotations
 
+import contextlib
+import pickle
+import signal
 import sys
 import time
+import warnings
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import gymnasium as gym
 import numpy as np
 import torch
@@ -21,18 +28,41 @@ from tqdm import tqdm
 
 from rl_graphstep.algorithms import ALGORITHMS, ActorCritic
 from rl_graphstep.buffer import ReplayBuffer
-from rl_graphstep.config import Config, load_config, to_markdown_table
+from rl_graphstep.checkpoint import FORMAT, load_checkpoint, save_checkpoint
+from rl_graphstep.config import (
+    Config,
+    command_line_values,
+    config_to_dict,
+    load_config,
+    to_markdown_table,
+)
 from rl_graphstep.envs import (
     check_continuous_spaces,
     finished_episodes,
     make_vec_env,
+    rng_state,
     scale_action,
     seed_everything,
+    set_rng_state,
     true_next_observations,
 )
 from rl_graphstep.errors import ConfigError, RLGraphstepError
 from rl_graphstep.logger import Logger, run_name
 from rl_graphstep.plugins import build_network, check_actor, check_critic
+
+NetworkSpec = str | type | nn.Module | None
+
+
+class TrainingInterrupted(RLGraphstepError):
+    """Ctrl-C or SIGTERM stopped the run after a checkpoint was saved."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+class NonFiniteUpdates(RLGraphstepError):
+    """Too many consecutive updates had non-finite losses or gradients."""
 
 
 def resolve_device(cfg: Config) -> torch.device:
@@ -58,9 +88,6 @@ def resolve_graph(cfg: Config, device: torch.device) -> bool | None:
     return None if device.type == "cuda" else False
 
 
-NetworkSpec = str | type | nn.Module | None
-
-
 def make_networks(algorithm: type[ActorCritic], cfg: Config, observation_space: gym.Space,
                   action_space: gym.Space, device: torch.device, actor: NetworkSpec = None,
                   critic: NetworkSpec = None) -> tuple[nn.Module, nn.Module]:
@@ -82,6 +109,63 @@ def make_networks(algorithm: type[ActorCritic], cfg: Config, observation_space: 
     return actor_net, critic_net
 
 
+@contextlib.contextmanager
+def stop_requests() -> Iterator[list[int]]:
+    """Ctrl-C and SIGTERM append their number to the yielded list instead of raising, so the
+    loop can finish its step and save; the previous handlers come back afterwards."""
+    requested: list[int] = []
+    handled = (signal.SIGINT, signal.SIGTERM)
+    try:
+        previous = {s: signal.signal(s, lambda signum, _frame: requested.append(signum))
+                    for s in handled}
+    except ValueError:  # not the main thread: signals cannot be caught here
+        yield requested
+        return
+    try:
+        yield requested
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+@dataclass
+class Progress:
+    """The loop's counters, saved in every checkpoint."""
+
+    global_step: int = 0
+    episodes: int = 0
+    recent_returns: deque[float] = field(default_factory=lambda: deque(maxlen=10))
+
+
+def _pickled_envs(envs: gym.vector.VectorEnv) -> bytes | None:
+    # A sync vector env of pure-Python envs pickles with its full state (exact resume);
+    # cloudpickle (gymnasium's own dependency) because gymnasium builds them from closures.
+    # Others (subprocesses, simulators with native handles) restart their episodes instead.
+    try:
+        return cloudpickle.dumps(envs)
+    except Exception:
+        return None
+
+
+def _checkpoint(cfg: Config, run_dir: Path, progress: Progress, agent: ActorCritic,
+                envs: gym.vector.VectorEnv, observations: np.ndarray,
+                buffer: ReplayBuffer) -> Path:
+    state = {
+        "format": FORMAT,
+        "config": config_to_dict(cfg),
+        "run_name": run_dir.name,
+        "global_step": progress.global_step,
+        "episodes": progress.episodes,
+        "recent_returns": list(progress.recent_returns),
+        "agent": agent.state_dict(),
+        "rng": rng_state(),
+        "envs": _pickled_envs(envs),
+        "observations": observations,
+        "buffer": buffer.state_dict() if cfg.save_buffer else None,
+    }
+    return save_checkpoint(run_dir, progress.global_step, state, keep=cfg.keep_checkpoints)
+
+
 def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
           ) -> dict[str, Any]:
     """Train an agent as ``cfg`` says; return a summary of the run.
@@ -89,8 +173,11 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
     ``actor`` and ``critic`` replace the default networks: a class (built as
     ``cls(observation_space, action_space, **cfg.actor_kwargs)``), a built module, or a
     ``package.module:Class`` / ``path/file.py:Class`` string. ``rl_graphstep.networks``
-    documents the protocol they meet.
+    documents the protocol they meet. With ``cfg.resume`` the run continues from the latest
+    checkpoint in that folder.
     """
+    resumed = (load_checkpoint(cfg.resume, env_id=cfg.env_id, algo=cfg.algo)
+               if cfg.resume else None)
     device = resolve_device(cfg)
     use_graph = resolve_graph(cfg, device)
     seed_everything(cfg.seed)
@@ -103,78 +190,139 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
     algorithm = ALGORITHMS[cfg.algo]
     actor_net, critic_net = make_networks(algorithm, cfg, observation_space, action_space,
                                           device, actor, critic)
-    buffer = ReplayBuffer(min(cfg.buffer_size, cfg.total_timesteps), observation_size,
-                          action_size, device)
+    buffer = ReplayBuffer(cfg.buffer_size, observation_size, action_size, device)
     agent = algorithm(actor_net, critic_net, cfg, observation_size=observation_size,
                       action_size=action_size, device=device, use_graph=use_graph)
-    run_dir = Path(cfg.log_dir) / run_name(cfg)
-    recent_returns: deque[float] = deque(maxlen=10)
-    episodes = 0
-    start = time.perf_counter()
-    global_step = 0
-    learning_start = (start, 0)
-
-    with Logger(run_dir, to_markdown_table(cfg)) as logger, tqdm(
-        total=cfg.total_timesteps, disable=not cfg.progress, unit="step", dynamic_ncols=True
-    ) as bar:
-        bar.write(f"{run_dir}: {cfg.algo.upper()} on {cfg.env_id}, {device}, "
-                  f"{'CUDA graphs' if use_graph is not False else 'eager'}; {buffer.describe()}")
+    progress = Progress()
+    if resumed is None:
+        run_dir = Path(cfg.log_dir) / run_name(cfg)
         observations, _ = envs.reset(seed=cfg.seed)
-        while global_step < cfg.total_timesteps:
-            if global_step < cfg.learning_starts:
+    else:
+        run_dir = Path(cfg.resume)
+        if run_dir.is_file():  # a checkpoint file: runs/<run>/checkpoints/step_N.pt
+            run_dir = run_dir.parent.parent
+        envs, observations = _restore(resumed, agent, buffer, progress, envs)
+
+    start, start_step = time.perf_counter(), progress.global_step
+    learning_start = (start, start_step)
+    # A resumed run drops what the stopped one logged after its checkpoint (step + 1 on).
+    purge_step = progress.global_step + 1 if resumed else None
+    bar = tqdm(total=cfg.total_timesteps, initial=progress.global_step,
+               disable=not cfg.progress, unit="step", dynamic_ncols=True)
+    with Logger(run_dir, to_markdown_table(cfg), purge_step=purge_step) as logger, bar, \
+            stop_requests() as stops:
+        bar.write(f"{run_dir}: {cfg.algo.upper()} on {cfg.env_id}, {device}, "
+                  f"{'CUDA graphs' if use_graph is not False else 'eager'}; {buffer.describe()}"
+                  + (f"; resumed at step {progress.global_step}" if resumed else ""))
+        while progress.global_step < cfg.total_timesteps:
+            if progress.global_step < cfg.learning_starts:
                 actions = np.random.uniform(-1.0, 1.0, (cfg.num_envs, action_size))
             else:
                 obs = torch.as_tensor(observations, dtype=torch.float32, device=device)
                 actions = agent.explore(obs).cpu().numpy()
             next_observations, rewards, terminations, _, infos = envs.step(
                 scale_action(actions, low, high))
-            global_step += cfg.num_envs
+            progress.global_step += cfg.num_envs
 
             for episodic_return, length in finished_episodes(infos):
-                logger.episode(global_step, episodic_return, length)
-                recent_returns.append(episodic_return)
-                episodes += 1
+                logger.episode(progress.global_step, episodic_return, length)
+                progress.recent_returns.append(episodic_return)
+                progress.episodes += 1
             buffer.add(observations, actions, rewards,
                        true_next_observations(next_observations, infos), terminations)
             observations = next_observations
 
-            if global_step > cfg.learning_starts:
+            # len(buffer): a run resumed without its buffer first refills one batch.
+            if progress.global_step > cfg.learning_starts and len(buffer) >= cfg.batch_size:
                 logger.accumulate(agent.update(buffer.sample(cfg.batch_size)))
             else:
-                learning_start = (time.perf_counter(), global_step)
+                learning_start = (time.perf_counter(), progress.global_step)
 
             bar.update(cfg.num_envs)
-            if global_step % cfg.log_interval < cfg.num_envs:
-                sps = global_step / (time.perf_counter() - start)
-                logger.write(global_step)
-                logger.scalar("charts/SPS", sps, global_step)
-                if recent_returns:
-                    bar.set_postfix(ret=f"{np.mean(recent_returns):.1f}", sps=f"{sps:.0f}")
-        logger.write(global_step)
+            step = progress.global_step
+            done = step >= cfg.total_timesteps
+            if step % cfg.log_interval < cfg.num_envs or done or stops:
+                _log(logger, agent, cfg, progress, bar, (step - start_step)
+                     / (time.perf_counter() - start))
+            if step % cfg.checkpoint_every < cfg.num_envs or done or stops:
+                saved = _checkpoint(cfg, run_dir, progress, agent, envs, observations, buffer)
+            if stops:
+                name = signal.Signals(stops[0]).name
+                raise TrainingInterrupted(
+                    stops[0], f"{name} at step {step}: checkpoint {saved} saved and logs "
+                    f"flushed; continue with --resume {run_dir}")
 
     envs.close()
     end = time.perf_counter()
-    learning_steps = global_step - learning_start[1]
+    learning_steps = progress.global_step - learning_start[1]
+    recent = progress.recent_returns
     return {
         "run_dir": str(run_dir),
-        "global_step": global_step,
-        "episodes": episodes,
-        "mean_return_last_10": float(np.mean(recent_returns)) if recent_returns else None,
-        "sps": global_step / (end - start),
+        "global_step": progress.global_step,
+        "episodes": progress.episodes,
+        "mean_return_last_10": float(np.mean(recent)) if recent else None,
+        "sps": (progress.global_step - start_step) / (end - start),
         "learning_sps": learning_steps / (end - learning_start[0]) if learning_steps else None,
         "graph": agent.use_graph,
     }
 
 
+def _restore(state: dict[str, Any], agent: ActorCritic, buffer: ReplayBuffer,
+             progress: Progress, envs: gym.vector.VectorEnv
+             ) -> tuple[gym.vector.VectorEnv, np.ndarray]:
+    """Put a checkpoint back: agent (before any capture), buffer, counters, RNG, envs."""
+    agent.load_state_dict(state["agent"])
+    if state.get("buffer") is not None:
+        buffer.load_state_dict(state["buffer"])
+    progress.global_step = int(state["global_step"])
+    progress.episodes = int(state["episodes"])
+    progress.recent_returns.extend(state["recent_returns"])
+    set_rng_state(state["rng"])
+    if state.get("envs") is not None:
+        envs.close()
+        return pickle.loads(state["envs"]), state["observations"]
+    warnings.warn("the environments could not be saved with the checkpoint; their episodes "
+                  "restart on resume", stacklevel=3)
+    observations, _ = envs.reset()
+    return envs, observations
+
+
+def _log(logger: Logger, agent: ActorCritic, cfg: Config, progress: Progress, bar: tqdm,
+         sps: float) -> None:
+    """Write the interval's means; stop a run that only produces non-finite updates."""
+    step = progress.global_step
+    logger.write(step)
+    logger.scalar("charts/SPS", sps, step)
+    total, consecutive = (int(t) for t in torch.stack(agent.skipped_updates()).tolist())
+    logger.scalar("charts/skipped_updates", total, step)
+    if consecutive >= cfg.nonfinite_limit:
+        raise NonFiniteUpdates(
+            f"the last {consecutive} updates had non-finite losses or gradients (limit "
+            f"--nonfinite-limit {cfg.nonfinite_limit}); stopped at step {step} with the "
+            f"parameters of the last finite update and the checkpoints saved so far; check the "
+            f"rewards and observations the environment returns, or lower the learning rates")
+    if progress.recent_returns:
+        bar.set_postfix(ret=f"{np.mean(progress.recent_returns):.1f}", sps=f"{sps:.0f}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry: one clear line and exit 2 on bad input, 130 on Ctrl-C."""
+    """Command-line entry: one clear line and exit 2 on bad input, 128+signal when stopped."""
     try:
-        summary = train(load_config(argv))
+        given = command_line_values(argv)
+        if given.get("resume"):
+            state = load_checkpoint(given["resume"])
+            cfg = load_config(argv, base=state["config"])
+        else:
+            cfg = load_config(argv)
+        summary = train(cfg)
+    except TrainingInterrupted as stop:
+        print(f"stopped: {stop}", file=sys.stderr)
+        return stop.exit_code
     except RLGraphstepError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("interrupted; logs are flushed", file=sys.stderr)
+    except KeyboardInterrupt:  # before the loop took over Ctrl-C: nothing to save yet
+        print("stopped: interrupted during start-up", file=sys.stderr)
         return 130
     ret = summary["mean_return_last_10"]
     print(f"done: {summary['global_step']} steps, {summary['episodes']} episodes, "

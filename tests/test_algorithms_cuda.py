@@ -110,3 +110,25 @@ def test_graph_auto_falls_back_to_eager_when_capture_fails(tmp_path: Path) -> No
     with pytest.raises(CaptureError, match=r"could not capture the update of EnsembleCritic "
                                            r"\(via StateActionInput\) \(at tests/test_algori"):
         train(load_config([*base, "--graph", "on"]), actor=Unsupported)
+
+
+def test_resumed_state_reaches_the_captured_graphs(tmp_path: Path) -> None:
+    from rl_graphstep.checkpoint import load_checkpoint
+    from rl_graphstep.train import main
+
+    base = ["--env", "Pendulum-v1", "--device", "cuda", "--learning-starts", "200",
+            "--batch-size", "64", "--log-dir", str(tmp_path), "--no-progress", "--save-buffer",
+            "--buffer-size", "5000"]
+    train(load_config([*base, "--graph", "on", "--total-timesteps", "400", "--run-name", "a"]))
+    checkpoint = tmp_path / "a" / "checkpoints" / "step_000000000400.pt"
+    # The same checkpoint resumed with graphs and eagerly: if a restored value did not reach
+    # the graphs, the two would part at once.
+    finals = {}
+    for graph in ("on", "off"):
+        assert main(["--resume", str(checkpoint), "--graph", graph, "--total-timesteps", "500",
+                     "--run-name", "a"]) == 0
+        finals[graph] = load_checkpoint(tmp_path / "a")["agent"]
+    for part in ("actor", "critic", "target_critic"):
+        for key, value in finals["on"][part].items():
+            torch.testing.assert_close(value, finals["off"][part][key], rtol=1e-4, atol=1e-5)
+    assert finals["on"]["updates"] == finals["off"]["updates"] == 300

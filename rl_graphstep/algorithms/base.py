@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import torch
@@ -114,11 +114,11 @@ class ActorCritic:
         self.critic_step = make_adaptation_step(
             StateActionInput(self.critic, self.observation_size), self.critic_optimizer,
             rows[:, :split], rows[:, split:], self.critic_loss,
-            use_graph=use_graph, gradient_transform=self.critic_clip,
+            use_graph=use_graph, gradient_transform=self.critic_clip, skip_nonfinite=True,
         )
         self.actor_step = make_adaptation_step(
             self.actor, self.actor_optimizer, observations, observations, self.actor_loss,
-            use_graph=use_graph, gradient_transform=self.actor_clip,
+            use_graph=use_graph, gradient_transform=self.actor_clip, skip_nonfinite=True,
             pool=getattr(self.critic_step, "pool", None),
         )
 
@@ -155,6 +155,48 @@ class ActorCritic:
             metrics.update(self.actor_metrics())
         self.updates += 1
         return metrics
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def checkpointed(self) -> dict[str, Any]:
+        """Everything that defines the agent's learning state, by name."""
+        parts: dict[str, Any] = {
+            "actor": self.actor, "critic": self.critic, "target_critic": self.target_critic,
+            "actor_optimizer": self.actor_optimizer, "critic_optimizer": self.critic_optimizer,
+        }
+        for name in ("target_actor", "log_alpha"):
+            if hasattr(self, name):
+                parts[name] = getattr(self, name)
+        return parts
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {name: part.detach().clone() if isinstance(part, Tensor) else part.state_dict()
+                 for name, part in self.checkpointed().items()}
+        return {**state, "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load before the first update: the steps are captured after it, from these values
+        (a captured optimizer must never be given new state tensors)."""
+        if self.critic_step is not None or self.actor_step is not None:
+            raise RuntimeError("load the agent's state before its steps are built")
+        for name, part in self.checkpointed().items():
+            if isinstance(part, Tensor):
+                with torch.no_grad():
+                    part.copy_(state[name])
+            else:
+                part.load_state_dict(state[name])
+        self.updates = int(state["updates"])
+
+    def skipped_updates(self) -> tuple[Tensor, Tensor]:
+        """(total, longest current run) of updates skipped for non-finite values, on the
+        device; zeros before the steps exist."""
+        guards = [s.guard for s in (self.critic_step, self.actor_step)
+                  if s is not None and s.guard is not None]
+        if not guards:
+            zero = torch.zeros((), dtype=torch.int64, device=self.device)
+            return zero, zero
+        return (torch.stack([g.skipped for g in guards]).sum(),
+                torch.stack([g.consecutive for g in guards]).max())
 
     @torch.no_grad()
     def deterministic_action(self, observations: Tensor) -> Tensor:

@@ -1,0 +1,136 @@
+"""Evaluation from a checkpoint: deterministic returns, the summary line, and one clear line
+for a missing run or a missing video dependency."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from rl_graphstep.algorithms import ALGORITHMS
+from rl_graphstep.checkpoint import FORMAT, save_checkpoint
+from rl_graphstep.config import config_to_dict, load_config
+from rl_graphstep.evaluate import EvaluationResult, evaluate, main
+from rl_graphstep.train import make_networks
+
+STEP = 15000
+
+
+def write_run(run_dir: Path, algo: str = "sac", hidden: tuple[str, ...] = ("32", "32"),
+              weights_hidden: tuple[str, ...] | None = None) -> Path:
+    """A run folder with one checkpoint of an untrained actor, in train's format (built here,
+    not by train, so these tests do not depend on the training loop's checkpointing)."""
+    torch.manual_seed(0)
+    cfg = load_config(["--env", "Pendulum-v1", "--algo", algo, "--hidden-sizes", *hidden])
+    weights_cfg = load_config(["--env", "Pendulum-v1", "--algo", algo, "--hidden-sizes",
+                               *(weights_hidden or hidden)])
+    env = gym.make("Pendulum-v1")
+    actor, _ = make_networks(ALGORITHMS[algo], weights_cfg, env.observation_space,
+                             env.action_space, torch.device("cpu"))
+    env.close()
+    state = {
+        "format": FORMAT,
+        "config": config_to_dict(cfg),
+        "run_name": run_dir.name,
+        "global_step": STEP,
+        "episodes": 75,
+        "recent_returns": [],
+        "agent": {"actor": actor.state_dict()},
+        "rng": {},
+        "envs": None,
+        "observations": np.zeros((1, 3), dtype=np.float32),
+        "buffer": None,
+    }
+    save_checkpoint(run_dir, STEP, state, keep=1)
+    return run_dir
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    return write_run(tmp_path / "runs" / "pendulum")
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_returns_are_in_range_and_repeat_with_the_seed(tmp_path: Path, algo: str) -> None:
+    run = write_run(tmp_path / algo, algo)
+    result = evaluate(run, episodes=3, seed=0, device="cpu", verbose=False)
+    assert isinstance(result, EvaluationResult)
+    mean, std, returns = result
+    assert len(returns) == 3
+    assert all(-2000 <= r <= 0 for r in returns)  # Pendulum's 200 steps of cost in [0, 16.3]
+    assert mean == pytest.approx(np.mean(returns)) and std == pytest.approx(np.std(returns))
+    assert len(set(returns)) == 3  # seed + i: three different starts
+
+    again = evaluate(run, episodes=3, seed=0, device="cpu", verbose=False)
+    assert again.returns == returns and again.mean == mean
+    other = evaluate(run, episodes=3, seed=1, device="cpu", verbose=False)
+    assert other.returns[:2] == returns[1:]  # episode i of seed s is episode i+1 of seed s-1
+
+
+def test_a_checkpoint_file_evaluates_too(run_dir: Path) -> None:
+    file = run_dir / "checkpoints" / f"step_{STEP:012d}.pt"
+    assert (evaluate(file, episodes=1, device="cpu", verbose=False)
+            == evaluate(run_dir, episodes=1, device="cpu", verbose=False))
+
+
+def test_the_cli_prints_one_summary_line(run_dir: Path, capsys: pytest.CaptureFixture[str]
+                                         ) -> None:
+    expected = evaluate(run_dir, episodes=2, seed=0, device="cpu", verbose=False)
+    assert main([str(run_dir), "--episodes", "2", "--device", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    assert out == (f"Pendulum-v1, sac, step {STEP}: mean return {expected.mean:.1f} ± "
+                   f"{expected.std:.1f} over 2 episodes\n")
+    assert err == ""
+    assert re.fullmatch(r"Pendulum-v1, sac, step 15000: mean return -\d+\.\d ± \d+\.\d "
+                        r"over 2 episodes\n", out)
+
+
+def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("error: ")
+    return err.strip()
+
+
+def test_cli_missing_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["runs/nope"]) == 2
+    assert one_error_line(capsys) == ("error: run folder runs/nope does not exist; give a run "
+                                      "folder (such as runs/<run name>) or a .pt checkpoint")
+
+
+def test_cli_bad_arguments(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(run_dir), "--episodes", "0"]) == 2
+    assert one_error_line(capsys) == "error: --episodes must be a positive int, got 0"
+    assert main([str(run_dir), "--device", "tpu"]) == 2
+    assert one_error_line(capsys) == ("error: --device must be one of auto, cpu, cuda, "
+                                      "got 'tpu'")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message without a GPU")
+def test_cli_cuda_without_a_gpu(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(run_dir), "--device", "cuda"]) == 2
+    assert one_error_line(capsys).startswith("error: --device cuda was asked for, but no CUDA")
+
+
+def test_an_actor_that_does_not_fit_its_config(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    run = write_run(tmp_path / "run", hidden=("32", "32"), weights_hidden=("16",))
+    assert main([str(run), "--device", "cpu"]) == 2
+    assert one_error_line(capsys).startswith(
+        f"error: checkpoint {run}/checkpoints/step_{STEP:012d}.pt: the saved actor does not "
+        "fit the actor its config builds (Error(s) in loading state_dict")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("moviepy") is not None,
+                    reason="moviepy is installed, so --video does not fail")
+def test_video_without_moviepy(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(run_dir), "--video", "--device", "cpu"]) == 2
+    assert one_error_line(capsys) == ('error: --video needs moviepy, which is not installed; '
+                                      'run pip install "rl_graphstep[video]"')
+    assert not (run_dir / "videos").exists()

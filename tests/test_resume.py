@@ -1,0 +1,100 @@
+"""Checkpoints and exact resume through the training loop, and Ctrl-C / SIGTERM on a real
+training process."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from rl_graphstep.checkpoint import list_checkpoints, load_checkpoint
+from rl_graphstep.config import load_config
+from rl_graphstep.train import main, train
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ["--env", "Pendulum-v1", "--device", "cpu", "--learning-starts", "200",
+         "--batch-size", "32", "--hidden-sizes", "32", "32", "--buffer-size", "5000",
+         "--log-interval", "100", "--no-progress", "--save-buffer", "--seed", "3"]
+
+
+def assert_same_state(a: object, b: object, path: str = "") -> None:
+    """Bitwise equality of nested dicts/lists of tensors and numbers."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            assert_same_state(a[key], b[key], f"{path}/{key}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_state(x, y, f"{path}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), path
+    else:
+        assert a == b, path
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_resume_continues_bit_for_bit(algo: str, tmp_path: Path) -> None:
+    args = [*SMALL, "--algo", algo, "--log-dir", str(tmp_path)]
+    train(load_config([*args, "--total-timesteps", "800", "--run-name", "straight"]))
+    train(load_config([*args, "--total-timesteps", "400", "--run-name", "halves"]))
+    assert main(["--resume", str(tmp_path / "halves"), "--total-timesteps", "800"]) == 0
+    straight = load_checkpoint(tmp_path / "straight")
+    halves = load_checkpoint(tmp_path / "halves")
+    assert straight["global_step"] == halves["global_step"] == 800
+    assert straight["agent"]["updates"] == 600
+    assert_same_state(straight["agent"], halves["agent"])
+    assert_same_state(straight["recent_returns"], halves["recent_returns"])
+
+
+def test_resume_continues_the_log_without_gaps_or_repeats(tmp_path: Path) -> None:
+    args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run"]
+    train(load_config([*args, "--total-timesteps", "400", "--checkpoint-every", "300"]))
+    # Resume from the step-300 checkpoint, as after a crash at step 400: the events written
+    # after step 300 are replaced, not doubled.
+    first = list_checkpoints(tmp_path / "run")[0]
+    assert first.name == "step_000000000300.pt"
+    assert main(["--resume", str(first), "--total-timesteps", "600"]) == 0
+    events = EventAccumulator(str(tmp_path / "run"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("losses/critic")] == [300, 400, 500, 600]
+    assert [e.step for e in events.Scalars("charts/episodic_length")] == [200, 400, 600]
+
+
+def test_keeps_the_newest_checkpoints(tmp_path: Path) -> None:
+    train(load_config([*SMALL, "--log-dir", str(tmp_path), "--run-name", "run",
+                       "--total-timesteps", "500", "--checkpoint-every", "100",
+                       "--keep-checkpoints", "2"]))
+    assert [p.name for p in list_checkpoints(tmp_path / "run")] == [
+        "step_000000000400.pt", "step_000000000500.pt"]
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_saves_flushes_and_resumes(signum: int, code: int, tmp_path: Path) -> None:
+    args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--checkpoint-every",
+            "100000"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rl_graphstep.train", *args, "--total-timesteps", "100000"],
+        cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "run").glob("events.*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)  # let it learn for a while
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == code, stderr
+    assert "checkpoint" in stderr and "--resume" in stderr
+    stopped_at = load_checkpoint(tmp_path / "run")["global_step"]
+    assert 0 < stopped_at < 100_000
+    events = EventAccumulator(str(tmp_path / "run"))
+    events.Reload()
+    assert events.Scalars("charts/SPS")[-1].step == stopped_at  # flushed at the stop
+    assert main(["--resume", str(tmp_path / "run"), "--total-timesteps",
+                 str(stopped_at + 100)]) == 0
+    assert load_checkpoint(tmp_path / "run")["global_step"] == stopped_at + 100
