@@ -10,13 +10,15 @@ import json
 import math
 import typing
 from collections.abc import Mapping, Sequence
-from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from rl_graphstep.errors import ConfigError
+
+if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11+; the package supports 3.10
+    from importlib.resources.abc import Traversable
 
 ALGORITHMS: tuple[str, ...] = ("sac", "td3", "ddpg")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
