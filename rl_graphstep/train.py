@@ -128,6 +128,26 @@ def stop_requests() -> Iterator[list[int]]:
             signal.signal(s, handler)
 
 
+class ActionReader:
+    """Brings the policy's actions to the host through pinned memory and one event, so
+    reading them waits for the action alone, not for the updates queued after it."""
+
+    def __init__(self, shape: tuple[int, int], device: torch.device) -> None:
+        on_cuda = device.type == "cuda"
+        self.host = torch.empty(shape, pin_memory=on_cuda)
+        self.ready = torch.cuda.Event() if on_cuda else None
+
+    def request(self, actions: torch.Tensor) -> None:
+        self.host.copy_(actions, non_blocking=self.ready is not None)
+        if self.ready is not None:
+            self.ready.record()
+
+    def wait(self) -> np.ndarray:
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.host.numpy().copy()
+
+
 @dataclass
 class Progress:
     """The loop's counters, saved in every checkpoint."""
@@ -203,6 +223,7 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
             run_dir = run_dir.parent.parent
         envs, observations = _restore(resumed, agent, buffer, progress, envs)
 
+    action_reader = ActionReader((cfg.num_envs, action_size), device)
     start, start_step = time.perf_counter(), progress.global_step
     learning_start = (start, start_step)
     # A resumed run drops what the stopped one logged after its checkpoint (step + 1 on).
@@ -215,15 +236,24 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
                   f"{'CUDA graphs' if use_graph is not False else 'eager'}; {buffer.describe()}"
                   + (f"; resumed at step {progress.global_step}" if resumed else ""))
         while progress.global_step < cfg.total_timesteps:
-            if progress.global_step < cfg.learning_starts:
-                actions = np.random.uniform(-1.0, 1.0, (cfg.num_envs, action_size))
-            else:
+            # The policy's action is queued first and the updates after it, so the host only
+            # waits for the action and steps the environment while the GPU updates.
+            learning = progress.global_step >= cfg.learning_starts
+            if learning:
                 obs = torch.as_tensor(observations, dtype=torch.float32, device=device)
-                actions = agent.explore(obs).cpu().numpy()
+                action_reader.request(agent.explore(obs))
+            # len(buffer): a run resumed without its buffer first refills one batch.
+            if (progress.global_step + cfg.num_envs > cfg.learning_starts
+                    and len(buffer) >= cfg.batch_size):
+                logger.accumulate(agent.update(buffer.sample(cfg.batch_size)))
+            else:
+                learning_start = (time.perf_counter(), progress.global_step + cfg.num_envs)
+            actions = (action_reader.wait() if learning
+                       else np.random.uniform(-1.0, 1.0, (cfg.num_envs, action_size)))
+
             next_observations, rewards, terminations, _, infos = envs.step(
                 scale_action(actions, low, high))
             progress.global_step += cfg.num_envs
-
             for episodic_return, length in finished_episodes(infos):
                 logger.episode(progress.global_step, episodic_return, length)
                 progress.recent_returns.append(episodic_return)
@@ -231,12 +261,6 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
             buffer.add(observations, actions, rewards,
                        true_next_observations(next_observations, infos), terminations)
             observations = next_observations
-
-            # len(buffer): a run resumed without its buffer first refills one batch.
-            if progress.global_step > cfg.learning_starts and len(buffer) >= cfg.batch_size:
-                logger.accumulate(agent.update(buffer.sample(cfg.batch_size)))
-            else:
-                learning_start = (time.perf_counter(), progress.global_step)
 
             bar.update(cfg.num_envs)
             step = progress.global_step
