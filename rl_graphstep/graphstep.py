@@ -7,6 +7,8 @@ Both classes share ``capture(...)`` and ``__call__(...)``, so a training loop ha
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -441,6 +443,21 @@ class _Layout:
         )
 
 
+@contextlib.contextmanager
+def _no_garbage_collection() -> Iterator[None]:
+    """Collect garbage now and not during the capture: a finalizer that frees CUDA memory or
+    destroys an unreachable older graph mid-capture (a prohibited call while a stream is
+    capturing) would invalidate the capture far from its cause."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def _root_cause(error: BaseException) -> BaseException:
     """The first error in the chain: PyTorch's capture error hides it in ``__context__``."""
     seen = {id(error)}
@@ -540,7 +557,7 @@ class CudaGraphAdaptationStep:
         graph = torch.cuda.CUDAGraph()
         optimizer.zero_grad(set_to_none=True)
         try:
-            with torch.cuda.graph(graph, pool=pool):
+            with _no_garbage_collection(), torch.cuda.graph(graph, pool=pool):
                 static_loss = body(static_inputs, static_targets)
         except Exception as error:  # the real cause hides in the chain
             # A failed capture leaves the generator in capture mode: every later random draw

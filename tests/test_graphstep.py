@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 
 import pytest
 import torch
@@ -243,3 +244,20 @@ def test_root_cause_walks_the_context_chain() -> None:
     except RuntimeError as error:
         # `from None` hides it from the traceback but the context is still there
         assert str(graphstep._root_cause(error)) == "the real cause"
+
+
+def test_no_garbage_is_collected_during_a_capture() -> None:
+    finalized = []
+
+    class Cycle:
+        def __init__(self) -> None:
+            self.me = self
+
+        def __del__(self) -> None:
+            finalized.append(True)
+
+    Cycle()  # unreachable, but only the cyclic collector frees it
+    with graphstep._no_garbage_collection():
+        assert finalized == [True]  # collected before the capture starts
+        assert not gc.isenabled()
+    assert gc.isenabled()
