@@ -134,3 +134,15 @@ def test_video_without_moviepy(run_dir: Path, capsys: pytest.CaptureFixture[str]
     assert one_error_line(capsys) == ('error: --video needs moviepy, which is not installed; '
                                       'run pip install "rl_graphstep[video]"')
     assert not (run_dir / "videos").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("moviepy") is None
+                    or importlib.util.find_spec("pygame") is None,
+                    reason='needs the video extra: pip install "rl_graphstep[video]"')
+def test_video_records_one_file_per_episode(run_dir: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("SDL_VIDEODRIVER", "dummy")
+    assert main([str(run_dir), "--video", "--episodes", "2", "--device", "cpu"]) == 0
+    videos = sorted((run_dir / "videos").glob("*.mp4"))
+    assert [v.name.rsplit("-", 1)[-1] for v in videos] == ["0.mp4", "1.mp4"]
+    assert all(v.stat().st_size > 1000 for v in videos)
