@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from rl_graphstep.algorithms import ALGORITHMS, ActorCritic
 from rl_graphstep.buffer import ReplayBuffer
-from rl_graphstep.checkpoint import FORMAT, load_checkpoint, save_checkpoint
+from rl_graphstep.checkpoint import FORMAT, list_checkpoints, load_checkpoint, save_checkpoint
 from rl_graphstep.config import (
     Config,
     command_line_values,
@@ -186,6 +186,15 @@ def _checkpoint(cfg: Config, run_dir: Path, progress: Progress, agent: ActorCrit
     return save_checkpoint(run_dir, progress.global_step, state, keep=cfg.keep_checkpoints)
 
 
+def _run_dir(cfg: Config) -> Path:
+    """The resumed run's folder, or a new one under ``cfg.log_dir``."""
+    if not cfg.resume:
+        return Path(cfg.log_dir) / run_name(cfg)
+    path = Path(cfg.resume)
+    # A checkpoint file lies in runs/<run>/checkpoints/step_N.pt.
+    return path.parent.parent if path.is_file() else path
+
+
 def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
           ) -> dict[str, Any]:
     """Train an agent as ``cfg`` says; return a summary of the run.
@@ -198,6 +207,10 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
     """
     resumed = (load_checkpoint(cfg.resume, env_id=cfg.env_id, algo=cfg.algo)
                if cfg.resume else None)
+    run_dir = _run_dir(cfg)
+    if resumed is None and list_checkpoints(run_dir):
+        raise ConfigError(f"{run_dir} already holds a run with checkpoints; continue it with "
+                          "--resume or pick another --run-name")
     device = resolve_device(cfg)
     use_graph = resolve_graph(cfg, device)
     seed_everything(cfg.seed)
@@ -215,12 +228,8 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
                       action_size=action_size, device=device, use_graph=use_graph)
     progress = Progress()
     if resumed is None:
-        run_dir = Path(cfg.log_dir) / run_name(cfg)
         observations, _ = envs.reset(seed=cfg.seed)
     else:
-        run_dir = Path(cfg.resume)
-        if run_dir.is_file():  # a checkpoint file: runs/<run>/checkpoints/step_N.pt
-            run_dir = run_dir.parent.parent
         envs, observations = _restore(resumed, agent, buffer, progress, envs)
 
     action_reader = ActionReader((cfg.num_envs, action_size), device)

@@ -98,3 +98,14 @@ def test_a_signal_saves_flushes_and_resumes(signum: int, code: int, tmp_path: Pa
     assert main(["--resume", str(tmp_path / "run"), "--total-timesteps",
                  str(stopped_at + 100)]) == 0
     assert load_checkpoint(tmp_path / "run")["global_step"] == stopped_at + 100
+
+
+def test_a_new_run_never_overwrites_an_existing_one(tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--total-timesteps", "300"]
+    train(load_config(args))
+    before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
+    assert main(args) == 2
+    assert "already holds a run with checkpoints; continue it with --resume" in (
+        capsys.readouterr().err)
+    assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
