@@ -235,12 +235,9 @@ class ReplayBuffer:
     def split_targets(
         self, targets: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(rewards, not_dones, next_observations) views of critic targets.
-
-        `targets` is `rows[:, critic_input_size:]`, what the captured critic step receives;
-        rewards and not_dones come back shaped (B, 1).
-        """
-        return targets[:, :1], targets[:, 1:2], targets[:, 2:]
+        """(rewards, not_dones, next_observations) views of critic targets; see
+        :func:`split_targets`."""
+        return split_targets(targets)
 
     def state_dict(self) -> dict[str, Any]:
         """The filled rows (as a CPU tensor), ring position and size, for a checkpoint."""
@@ -264,6 +261,15 @@ class ReplayBuffer:
         self.storage[:size].copy_(state["storage"])
         self._position = int(state["position"])
         self._size = size
+
+
+def split_targets(targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rewards, not_dones, next_observations) views of critic targets.
+
+    `targets` is `rows[:, critic_input_size:]`, what the captured critic step receives;
+    rewards and not_dones come back shaped (B, 1).
+    """
+    return targets[:, :1], targets[:, 1:2], targets[:, 2:]
 
 
 def _leading_size(value: ArrayLike) -> int:

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from rl_graphstep.algorithms.base import ActorCritic, polyak_update
+from rl_graphstep.buffer import split_targets
 from rl_graphstep.config import Config
 from rl_graphstep.networks import DeterministicActor
 
@@ -55,7 +56,7 @@ class TD3(ActorCritic):
 
     def critic_loss(self, q_values: Tensor, targets: Tensor) -> Tensor:
         """Clipped double-Q TD loss; targets are packed rows ``[reward | not_done | next_obs]``."""
-        rewards, not_dones, next_observations = targets[:, :1], targets[:, 1:2], targets[:, 2:]
+        rewards, not_dones, next_observations = split_targets(targets)
         with torch.no_grad():
             next_actions = self.target_actions(next_observations)
             next_q = self.target_critic(next_observations, next_actions).min(dim=1, keepdim=True)
