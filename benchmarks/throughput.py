@@ -1,50 +1,139 @@
-"""Environment steps per second during learning: captured graphs against eager, side by side.
+"""SAC speed by loop mode, side by side in one process: env steps/s, µs per update, host µs
+per env step, kernels per update and the kernel-time floor.
 
-Runs the real training loop (``rl_graphstep.train.train``) for each env and mode in one
-process and prints a markdown table. Steps/s counts only the learning phase (after
-``learning_starts``), one update per env step, batch 256, 256-256 networks.
+Each mode runs the real training loop (``rl_graphstep.train.train``): one env, one update per
+env step, batch 256, 256-256 networks; steps/s and host time count the learning phase only
+(capture and compilation are reported apart). Then the same agent's update alone is timed
+(µs per critic + actor update, synchronised at the end) and profiled: kernels per update and
+the sum of their device times, the floor an update with no launch gaps would reach.
 
-    python benchmarks/throughput.py --envs Pendulum-v1 HalfCheetah-v5 --steps 6000
+    python benchmarks/throughput.py --envs HalfCheetah-v5 --steps 10000 --eager-steps 2000
 """
 
 from __future__ import annotations
 
 import argparse
 import tempfile
+import time
+from dataclasses import dataclass
 
+import gymnasium as gym
+import numpy as np
 import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
 
+from rl_graphstep.algorithms import ALGORITHMS
+from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.config import load_config
-from rl_graphstep.train import train
+from rl_graphstep.train import resolve_compile, resolve_graph, train
+
+# name -> flags; "graph" modes without overlap wait for the updates every env step.
+MODES: dict[str, list[str]] = {
+    "eager": ["--graph", "off"],
+    "graph": ["--graph", "on", "--compile", "off", "--no-overlap"],
+    "graph+compile": ["--graph", "on", "--compile", "on", "--no-overlap"],
+    "graph+overlap": ["--graph", "on", "--compile", "off"],
+    "graph+compile+overlap (default)": ["--graph", "on", "--compile", "on"],
+}
 
 
-def measure(env_id: str, graph: str, steps: int, learning_starts: int, log_dir: str) -> float:
-    cfg = load_config([
-        "--env", env_id, "--graph", graph, "--total-timesteps", str(steps),
-        "--learning-starts", str(learning_starts), "--buffer-size", str(steps),
-        "--log-dir", log_dir, "--no-progress", "--seed", "1",
-    ])
-    return train(cfg)["learning_sps"]
+@dataclass
+class Row:
+    mode: str
+    sps: float
+    host_us: float
+    setup_s: float
+    update_us: float
+    kernels: float
+    floor_us: float
+
+
+def run_loop(env_id: str, flags: list[str], steps: int, learning_starts: int,
+             log_dir: str) -> dict:
+    cfg = load_config(["--env", env_id, *flags, "--total-timesteps", str(steps),
+                       "--learning-starts", str(learning_starts), "--buffer-size", str(steps),
+                       "--log-dir", log_dir, "--no-progress", "--seed", "1"])
+    return train(cfg)
+
+
+def update_alone(env_id: str, flags: list[str], updates: int) -> tuple[float, float, float]:
+    """(µs per update, kernels per update, kernel µs per update) for the mode's agent."""
+    cfg = load_config(["--env", env_id, *flags])
+    env = gym.make(env_id)
+    obs_size, act_size = env.observation_space.shape[0], env.action_space.shape[0]
+    device = torch.device("cuda")
+    use_graph = resolve_graph(cfg, device)
+    kind = ALGORITHMS[cfg.algo]
+    torch.manual_seed(0)
+    agent = kind(kind.default_actor(env.observation_space, env.action_space, cfg),
+                 kind.default_critic(env.observation_space, env.action_space, cfg), cfg,
+                 observation_size=obs_size, action_size=act_size, device=device,
+                 use_graph=use_graph, compile=resolve_compile(cfg, use_graph))
+    buffer = ReplayBuffer(10_000, obs_size, act_size, device)
+    rng = np.random.default_rng(0)
+    buffer.add(rng.normal(size=(10_000, obs_size)), rng.uniform(-1, 1, (10_000, act_size)),
+               rng.normal(size=10_000), rng.normal(size=(10_000, obs_size)),
+               np.zeros(10_000, bool))
+    for _ in range(20):
+        agent.update_from(buffer)
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    for _ in range(updates):
+        agent.update_from(buffer)
+    torch.cuda.synchronize()
+    per_update = (time.perf_counter() - began) / updates * 1e6
+
+    profiled = 20  # even: SAC's delayed actor runs twice every other update
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(profiled):
+            agent.update_from(buffer)
+        torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA
+               and not e.name.startswith(("Memcpy", "Memset"))]
+    kernel_us = sum(e.device_time for e in kernels)
+    return per_update, len(kernels) / profiled, kernel_us / profiled
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--envs", nargs="+", default=["Pendulum-v1", "HalfCheetah-v5"])
-    parser.add_argument("--steps", type=int, default=6000)
-    parser.add_argument("--learning-starts", type=int, default=1000)
+    parser.add_argument("--envs", nargs="+", default=["HalfCheetah-v5"])
+    parser.add_argument("--steps", type=int, default=11_000)
+    parser.add_argument("--eager-steps", type=int, default=3_000,
+                        help="steps of the (slow) eager mode")
+    parser.add_argument("--learning-starts", type=int, default=1_000)
+    parser.add_argument("--updates", type=int, default=2_000,
+                        help="updates timed alone per mode")
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
     args = parser.parse_args()
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    print(f"# {device}, torch {torch.__version__}, {args.steps} steps, learning from "
-          f"{args.learning_starts}")
-    modes = ["on", "off"] if torch.cuda.is_available() else ["off"]
-    print("| env | " + " | ".join(f"graph {m} steps/s" for m in modes) + " | ratio |")
-    print("|---|" + "---:|" * (len(modes) + 1))
+    if not torch.cuda.is_available():
+        raise SystemExit("throughput.py measures the GPU loop: it needs CUDA")
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; learning from step "
+          f"{args.learning_starts}, {args.steps} steps ({args.eager_steps} eager)")
     with tempfile.TemporaryDirectory() as log_dir:
         for env_id in args.envs:
-            sps = [measure(env_id, m, args.steps, args.learning_starts, log_dir) for m in modes]
-            ratio = f"{sps[0] / sps[-1]:.1f}x" if len(sps) > 1 else "-"
-            print(f"| {env_id} | " + " | ".join(f"{s:.0f}" for s in sps) + f" | {ratio} |",
-                  flush=True)
+            rows = []
+            for mode in args.modes:
+                steps = args.eager_steps if mode == "eager" else args.steps
+                summary = run_loop(env_id, MODES[mode], steps, args.learning_starts, log_dir)
+                update_us, kernels, floor_us = update_alone(env_id, MODES[mode], args.updates)
+                rows.append(Row(mode, summary["learning_sps"], summary["host_us_per_iteration"],
+                                summary["build_seconds"], update_us, kernels, floor_us))
+                print(f"  {env_id} {mode}: {rows[-1]}", flush=True)
+            print_table(env_id, rows)
+
+
+def print_table(env_id: str, rows: list[Row]) -> None:
+    eager = next((r.sps for r in rows if r.mode == "eager"), None)
+    print(f"\n{env_id}\n")
+    print("| mode | env steps/s | vs eager | µs per update | kernels per update | kernel "
+          "floor µs | floor / update | host µs per env step | setup s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        ratio = f"{r.sps / eager:.1f}x" if eager else "-"
+        print(f"| {r.mode} | {r.sps:,.0f} | {ratio} | {r.update_us:,.0f} | {r.kernels:.0f} | "
+              f"{r.floor_us:,.0f} | {r.floor_us / r.update_us:.0%} | {r.host_us:,.0f} | "
+              f"{r.setup_s:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,13 @@ import numpy as np
 import torch
 
 from rl_graphstep.errors import ConfigError
+from rl_graphstep.graphstep import capture_graph
 
-__all__ = ["ReplayBuffer", "Transition"]
+__all__ = ["BatchSampler", "ReplayBuffer", "Transition"]
+
+# Indices are drawn as randint(0, 2**62) % size: the size is a device tensor (a graph reads its
+# current value), and the modulo bias is below size / 2**62, far under any sampling noise.
+_INDEX_RANGE = 2**62
 
 ArrayLike = np.ndarray | torch.Tensor
 
@@ -96,6 +101,8 @@ class ReplayBuffer:
         self.device = self.storage.device
         self._position = 0  # the row the next add writes first
         self._size = 0
+        # The fill level on the device too, so a captured sampling graph reads the current one.
+        self.size_tensor = torch.zeros((), dtype=torch.int64, device=self.device)
         # Two host staging buffers used in turn, each with the event of the copy reading it.
         self._staging: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
         self._staging_turn = 0
@@ -158,15 +165,15 @@ class ReplayBuffer:
             ("terminations", terminations, 1),
             ("next_observations", next_observations, self.observation_size),
         )
-        parts = [_as_columns(name, value, n, width) for name, value, width in columns]
         staging = self._staging_rows(n)
-        obs, act, rew, term, next_obs = parts
-        o, c = self.observation_size, self.critic_input_size
-        staging[:, :o] = obs
-        staging[:, o:c] = act
-        staging[:, c : c + 1] = rew
-        staging[:, c + 1 : c + 2] = 1.0 - term.to(self.dtype)
-        staging[:, c + 2 :] = next_obs
+        rows = staging.numpy()  # packed through numpy: a few microseconds, no torch dispatch
+        start = 0
+        for name, value, width in columns:
+            column = _as_columns(name, value, n, width)
+            if name == "terminations":
+                column = 1.0 - column.astype(rows.dtype)  # stored as not_done
+            rows[:, start : start + width] = column
+            start += width
         self._write(staging)
 
     def _staging_rows(self, n: int) -> torch.Tensor:
@@ -203,7 +210,9 @@ class ReplayBuffer:
             copied.record()
             self._staging[self._staging_turn] = (self._staging[self._staging_turn][0], copied)
         self._position = (self._position + n) % self.capacity
-        self._size = min(self._size + n, self.capacity)
+        if self._size < self.capacity:
+            self._size = min(self._size + n, self.capacity)
+            self.size_tensor.fill_(self._size)
 
     def sample(self, batch_size: int, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """Exactly `batch_size` packed rows drawn uniformly, with replacement, from the filled part.
@@ -216,7 +225,8 @@ class ReplayBuffer:
             raise RuntimeError("cannot sample from an empty replay buffer; add transitions first")
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-        index = torch.randint(0, self._size, (batch_size,), device=self.device)
+        index = torch.randint(0, _INDEX_RANGE, (batch_size,), device=self.device)
+        index.remainder_(self.size_tensor)
         if out is None:
             return torch.index_select(self.storage, 0, index)
         return torch.index_select(self.storage, 0, index, out=out)
@@ -261,6 +271,7 @@ class ReplayBuffer:
         self.storage[:size].copy_(state["storage"])
         self._position = int(state["position"])
         self._size = size
+        self.size_tensor.fill_(size)
 
 
 def split_targets(targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -281,13 +292,63 @@ def _leading_size(value: ArrayLike) -> int:
     return shape[0]
 
 
-def _as_columns(name: str, value: ArrayLike, n: int, width: int) -> torch.Tensor:
-    """`value` as a host tensor of shape (n, width), or a ValueError naming the argument."""
-    tensor = value.detach().cpu() if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-    shape = tuple(tensor.shape)
+def _as_columns(name: str, value: ArrayLike, n: int, width: int) -> np.ndarray:
+    """`value` as a host array of shape (n, width), or a ValueError naming the argument."""
+    array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+    shape = tuple(array.shape)
     if shape == (n,) and width == 1:
-        return tensor.reshape(n, 1)
+        return array.reshape(n, 1)
     if shape != (n, width):
         expected = f"({n},) or ({n}, 1)" if width == 1 else f"({n}, {width})"
         raise ValueError(f"{name} must have shape {expected}, got {shape}")
-    return tensor
+    return array
+
+
+class BatchSampler:
+    """One replay sample per call, written straight into fixed tensors (a step's static
+    inputs and targets), so nothing is copied or gathered in Python between steps.
+
+    Args:
+        buffer: the replay buffer to draw from (uniformly, with replacement).
+        batch_size: rows per sample.
+        outputs: ``(tensor, columns)`` pairs: each ``tensor`` (batch_size, width) receives the
+            sample's ``columns`` (a slice of the packed row).
+        use_graph: capture the draw as a CUDA graph (the buffer must be on CUDA): one launch
+            per sample, reading the buffer's current fill level from its device tensor.
+    """
+
+    def __init__(
+        self,
+        buffer: ReplayBuffer,
+        batch_size: int,
+        outputs: list[tuple[torch.Tensor, slice]],
+        *,
+        use_graph: bool = False,
+    ) -> None:
+        if len(buffer) == 0:
+            raise RuntimeError("cannot sample from an empty replay buffer; add transitions first")
+        self.buffer = buffer
+        self.batch_size = batch_size
+        self.rows = torch.empty(batch_size, buffer.row_size, dtype=buffer.dtype,
+                                device=buffer.device)
+        self._outputs = [tensor for tensor, _ in outputs]
+        self._columns = [self.rows[:, columns] for _, columns in outputs]
+        for tensor, column in zip(self._outputs, self._columns, strict=True):
+            if tensor.shape != column.shape or tensor.device != self.rows.device:
+                raise ValueError(
+                    f"sample output of shape {tuple(tensor.shape)} on {tensor.device} does not "
+                    f"match its columns, {tuple(column.shape)} on {self.rows.device}"
+                )
+        self.graph = (capture_graph(self._draw, self.rows.device, what="the replay sampling")[0]
+                      if use_graph else None)
+
+    def _draw(self) -> None:
+        self.buffer.sample(self.batch_size, out=self.rows)
+        torch._foreach_copy_(self._outputs, self._columns)
+
+    def __call__(self) -> None:
+        """Draw a new sample into the outputs."""
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._draw()

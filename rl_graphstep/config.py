@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11+; the package suppor
 ALGORITHMS: tuple[str, ...] = ("sac", "td3", "ddpg")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 GRAPH_MODES: tuple[str, ...] = ("auto", "on", "off")
+COMPILE_MODES: tuple[str, ...] = ("auto", "on", "off")
 
 # Env-id base names (before "-vN") that share the MuJoCo default hyperparameters.
 MUJOCO_ENVS: frozenset[str] = frozenset(
@@ -76,7 +77,18 @@ class Config:
         None, "run folder under --log-dir; None: {env_id}__{algo}__{seed}__{unix time}"
     )
     log_dir: str = option("runs", "folder that holds the tensorboard run folders")
+    compile: str = option(
+        "auto", "torch.compile the update steps before capture: auto (on with cuda), on or off"
+    )
     num_envs: int = option(1, "parallel environments of the vector env")
+    async_envs: bool = option(
+        False, "step the parallel environments in subprocesses (gymnasium AsyncVectorEnv)"
+    )
+    updates_per_step: int = option(1, "gradient updates per environment iteration")
+    overlap: bool = option(
+        True, "step the environments while the GPU updates (off: wait for each update, a "
+        "benchmark baseline)"
+    )
     buffer_size: int = option(1_000_000, "replay buffer capacity in transitions")
     batch_size: int = option(256, "rows per gradient update")
     gamma: float = option(0.99, "discount factor")
@@ -151,6 +163,7 @@ _TYPES: dict[str, Any] = typing.get_type_hints(Config)
 _POSITIVE_INTS = (
     "total_timesteps",
     "num_envs",
+    "updates_per_step",
     "buffer_size",
     "batch_size",
     "policy_frequency",
@@ -160,7 +173,9 @@ _POSITIVE_INTS = (
     "keep_checkpoints",
     "nonfinite_limit",
 )
-_CHOICES: dict[str, tuple[str, ...]] = {"algo": ALGORITHMS, "device": DEVICES, "graph": GRAPH_MODES}
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "algo": ALGORITHMS, "device": DEVICES, "graph": GRAPH_MODES, "compile": COMPILE_MODES,
+}
 
 
 _NOISES = ("policy_noise", "noise_clip", "exploration_noise")

@@ -194,6 +194,11 @@ class _UpdateBody:
 
     Backward is restricted to the optimizer's parameters, so other module parameters and any
     module the loss calls (a critic inside an actor's loss) get no ``.grad`` written.
+
+    With ``compile=True`` two parts are ``torch.compile``d (default mode), which fuses their
+    many small kernels: forward + loss (its backward is compiled with it) and transform +
+    guard + optimizer step. The first call runs uncompiled: it checks the loss and creates the
+    optimizer state, so the compiled code is traced once against the state it will keep.
     """
 
     def __init__(
@@ -203,6 +208,8 @@ class _UpdateBody:
         loss_function: TensorLoss,
         gradient_transform: GradientTransform | None,
         guard: NonFiniteGuard | None = None,
+        *,
+        compile: bool = False,
     ) -> None:
         self.module = module
         self.optimizer = optimizer
@@ -210,18 +217,21 @@ class _UpdateBody:
         self.gradient_transform = gradient_transform
         self.guard = guard
         self.parameters = _selected_parameters(optimizer)
+        self.compiled = compile
+        self._compiled_forward_loss = torch.compile(self._forward_loss) if compile else None
+        self._compiled_apply = torch.compile(self._apply) if compile else None
+        self._first_call_done = False
+
+    def _forward_loss(self, inputs: Tensor, targets: Tensor) -> Tensor:
+        return self.loss_function(self.module(inputs), targets)
 
     def forward_loss(self, inputs: Tensor, targets: Tensor) -> Tensor:
-        loss = self.loss_function(self.module(inputs), targets)
+        loss = self._forward_loss(inputs, targets)
         _check_scalar_loss(loss, self.loss_function)
         return loss
 
-    def __call__(self, inputs: Tensor, targets: Tensor) -> Tensor:
-        # set_to_none: inside a capture, backward then allocates the gradients from the graph's
-        # pool instead of recording an accumulation into stale ones.
-        self.optimizer.zero_grad(set_to_none=True)
-        loss = self.forward_loss(inputs, targets)
-        loss.backward(inputs=self.parameters)
+    def _apply(self, loss: Tensor) -> None:
+        """Transform the gradients and step (skipping a non-finite update when guarded)."""
         if self.gradient_transform is not None:
             self.gradient_transform()
         if self.guard is None:
@@ -230,6 +240,19 @@ class _UpdateBody:
             keep = self.guard.before_step(loss, self.parameters)
             self.optimizer.step()
             self.guard.after_step(keep)
+
+    def __call__(self, inputs: Tensor, targets: Tensor) -> Tensor:
+        compiled = self._first_call_done and self._compiled_forward_loss is not None
+        # set_to_none: inside a capture, backward then allocates the gradients from the graph's
+        # pool instead of recording an accumulation into stale ones.
+        self.optimizer.zero_grad(set_to_none=True)
+        if compiled:
+            loss = self._compiled_forward_loss(inputs, targets)
+        else:
+            loss = self.forward_loss(inputs, targets)
+        loss.backward(inputs=self.parameters)
+        (self._compiled_apply if compiled else self._apply)(loss.detach())
+        self._first_call_done = True
         return loss.detach()
 
 
@@ -277,13 +300,16 @@ class EagerAdaptationStep:
         gradient_transform: GradientTransform | None = None,
         pool: Any = None,
         skip_nonfinite: bool = False,
+        compile: bool = False,
     ) -> EagerAdaptationStep:
-        """Validate and wrap an update; ``warmup_steps`` and ``pool`` only matter to graphs."""
+        """Validate and wrap an update; ``warmup_steps`` and ``pool`` only matter to graphs.
+        ``compile``: ``torch.compile`` the update's parts (from its second call on)."""
         del pool
         _check_capture_arguments(optimizer, warmup_steps)
         _check_is_tensor(example_inputs=example_inputs, example_targets=example_targets)
         guard = NonFiniteGuard(optimizer, example_inputs.device) if skip_nonfinite else None
-        body = _UpdateBody(module, optimizer, loss_function, gradient_transform, guard)
+        body = _UpdateBody(module, optimizer, loss_function, gradient_transform, guard,
+                           compile=compile)
         devices = [example_inputs.device] if example_inputs.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), torch.enable_grad():
             body.forward_loss(example_inputs, example_targets)
@@ -458,6 +484,12 @@ def _no_garbage_collection() -> Iterator[None]:
             gc.enable()
 
 
+def _describe(error: BaseException) -> str:
+    """``Type: first line of the message``."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
 def _root_cause(error: BaseException) -> BaseException:
     """The first error in the chain: PyTorch's capture error hides it in ``__context__``."""
     seen = {id(error)}
@@ -467,6 +499,49 @@ def _root_cause(error: BaseException) -> BaseException:
             return error
         seen.add(id(nxt))
         error = nxt
+
+
+def capture_graph(
+    function: Callable[[], Any],
+    device: torch.device,
+    *,
+    what: str,
+    warmup_steps: int = 1,
+    pool: Any = None,
+) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """Capture ``function()`` as a CUDA graph; return the graph and the captured call's result.
+
+    For the small graphs around the steps (replay sampling, action selection): ``function``
+    reads and writes tensors it holds, so ``graph.replay()`` redoes it on their current
+    values. It runs ``warmup_steps`` times on a side stream first, and the RNG states come
+    back to their values before the call, so capturing consumes no random numbers. Raises
+    :class:`CaptureError` naming ``what`` and the line at fault.
+    """
+    rng = (torch.get_rng_state(), torch.cuda.get_rng_state(device))
+    generator = torch.cuda.default_generators[device.index or 0]
+    generator_backup = generator.clone_state()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(warmup_steps):
+                function()
+        torch.cuda.current_stream(device).wait_stream(side)
+        with _no_garbage_collection(), torch.cuda.graph(graph, pool=pool):
+            result = function()
+    except Exception as error:
+        generator.graphsafe_set_state(generator_backup)
+        torch.set_rng_state(rng[0])
+        cause = _root_cause(error)
+        where = user_location(cause)
+        raise CaptureError(
+            f"could not capture {what}{f' (at {where})' if where else ''}: "
+            f"{_describe(cause)}; {_HOST_SYNC_HINT}"
+        ) from error
+    torch.set_rng_state(rng[0])
+    torch.cuda.set_rng_state(rng[1], device)
+    return graph, result
 
 
 class CudaGraphAdaptationStep:
@@ -522,6 +597,7 @@ class CudaGraphAdaptationStep:
         gradient_transform: GradientTransform | None = None,
         pool: Any = None,
         skip_nonfinite: bool = False,
+        compile: bool = False,
     ) -> CudaGraphAdaptationStep:
         """Warm up, capture one update, and restore the pre-capture values in place.
 
@@ -532,7 +608,9 @@ class CudaGraphAdaptationStep:
 
         ``pool``: another step's ``pool``, to share memory with it (replay them in capture
         order). ``skip_nonfinite``: skip, on the device, updates whose loss or gradients are
-        not finite (see :class:`NonFiniteGuard`; counts in ``self.guard``).
+        not finite (see :class:`NonFiniteGuard`; counts in ``self.guard``). ``compile``:
+        ``torch.compile`` the update's parts before capturing them, fusing small kernels; the
+        compilation happens during the warm-up (at least two steps then).
         """
         _check_capture_arguments(optimizer, warmup_steps)
         device = _check_on_cuda(module, optimizer, example_inputs, example_targets)
@@ -541,18 +619,37 @@ class CudaGraphAdaptationStep:
         static_inputs = example_inputs.detach().clone()
         static_targets = example_targets.detach().clone()
         guard = NonFiniteGuard(optimizer, device) if skip_nonfinite else None
-        body = _UpdateBody(module, optimizer, loss_function, gradient_transform, guard)
+        body = _UpdateBody(module, optimizer, loss_function, gradient_transform, guard,
+                           compile=compile)
+        if compile:
+            warmup_steps = max(warmup_steps, 2)  # the first is eager; compile before capture
         snapshot = _Snapshot(module, optimizer)
         rng = (torch.get_rng_state(), torch.cuda.get_rng_state(device))
         generator = torch.cuda.default_generators[device.index or 0]
         generator_backup = generator.clone_state()
 
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):
-            for _ in range(warmup_steps):
-                body(static_inputs, static_targets)
-        torch.cuda.current_stream(device).wait_stream(side)
+        def undo() -> None:
+            # A failed capture leaves the generator in capture mode: every later random draw
+            # would fail. Put back a clean copy, which also undoes the warm-up's draws.
+            generator.graphsafe_set_state(generator_backup)
+            snapshot.restore(optimizer)
+            torch.set_rng_state(rng[0])
+
+        try:
+            side = torch.cuda.Stream(device)
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):
+                for _ in range(warmup_steps):
+                    body(static_inputs, static_targets)
+            torch.cuda.current_stream(device).wait_stream(side)
+        except Exception as error:
+            undo()
+            if not compile:
+                raise
+            raise CaptureError(
+                f"could not compile the update of {module._get_name()}: "
+                f"{_describe(_root_cause(error))}; run it uncompiled (--compile off)"
+            ) from error
 
         graph = torch.cuda.CUDAGraph()
         optimizer.zero_grad(set_to_none=True)
@@ -560,17 +657,12 @@ class CudaGraphAdaptationStep:
             with _no_garbage_collection(), torch.cuda.graph(graph, pool=pool):
                 static_loss = body(static_inputs, static_targets)
         except Exception as error:  # the real cause hides in the chain
-            # A failed capture leaves the generator in capture mode: every later random draw
-            # would fail. Put back a clean copy, which also undoes the warm-up's draws.
-            generator.graphsafe_set_state(generator_backup)
-            snapshot.restore(optimizer)
-            torch.set_rng_state(rng[0])
+            undo()
             cause = _root_cause(error)
             where = user_location(cause)
             raise CaptureError(
                 f"could not capture the update of {module._get_name()}"
-                f"{f' (at {where})' if where else ''}: {type(cause).__name__}: "
-                f"{str(cause).strip().splitlines()[0]}; {_HOST_SYNC_HINT}"
+                f"{f' (at {where})' if where else ''}: {_describe(cause)}; {_HOST_SYNC_HINT}"
             ) from error
 
         snapshot.restore(optimizer)
@@ -586,13 +678,21 @@ class CudaGraphAdaptationStep:
         a detached clone of the loss (later replays do not change it)."""
         _check_tensor("inputs", inputs, self.static_inputs)
         _check_tensor("targets", targets, self.static_targets)
+        self.check_layout()
         self.static_inputs.copy_(inputs)
         self.static_targets.copy_(targets)
         return self.replay(synchronize=synchronize)
 
-    def replay(self, *, synchronize: bool = False) -> Tensor:
-        """Replay the update on whatever the static buffers hold; return a clone of the loss."""
+    def check_layout(self) -> None:
+        """Raise if a parameter, buffer or optimizer state was re-allocated since capture
+        (the graph would then update memory nobody reads); ``__call__`` runs it each time."""
         self._layout.check()
+
+    def replay(self, *, synchronize: bool = False) -> Tensor:
+        """Replay the update on whatever the static buffers hold; return a clone of the loss.
+
+        The fast path: no copies and no checks (see :meth:`check_layout`), one graph launch.
+        """
         self.graph.replay()
         loss = self.static_loss.clone()
         if synchronize:
@@ -615,6 +715,7 @@ def make_adaptation_step(
     gradient_transform: GradientTransform | None = None,
     pool: Any = None,
     skip_nonfinite: bool = False,
+    compile: bool = False,
 ) -> AdaptationStep:
     """Capture the update as a CUDA graph on CUDA, else wrap it in the eager twin.
 
@@ -632,5 +733,5 @@ def make_adaptation_step(
     return kind.capture(
         module, optimizer, example_inputs, example_targets, loss_function,
         warmup_steps=warmup_steps, gradient_transform=gradient_transform, pool=pool,
-        skip_nonfinite=skip_nonfinite,
+        skip_nonfinite=skip_nonfinite, compile=compile,
     )

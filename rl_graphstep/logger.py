@@ -45,45 +45,57 @@ class Logger:
         self.run_dir = Path(run_dir)
         self._writer = SummaryWriter(str(self.run_dir), purge_step=purge_step)
         self._sums: dict[str, torch.Tensor] = {}
-        self._counts: dict[str, int] = {}
+        # Calls per set of keys (the delayed actor's metrics come every other update) and the
+        # sums each set adds into, so a call costs one dict lookup and one launch.
+        self._calls: dict[tuple[str, ...], int] = {}
+        self._groups: dict[tuple[str, ...], list[torch.Tensor]] = {}
         self._closed = False
         if config_table is not None:
             self._writer.add_text("hyperparameters", config_table)
 
     def accumulate(self, values: dict[str, torch.Tensor]) -> None:
         """Add each 0-dim tensor into its key's running sum, on its own device, without a sync."""
-        for key, value in values.items():
-            if value.dim() != 0:
-                raise ValueError(f"logged value {key!r} must be a 0-dim tensor, got {value.shape}")
-            if key not in self._sums:
-                # float32 even for integer tensors, so the mean is a true division.
-                self._sums[key] = torch.zeros((), dtype=torch.float32, device=value.device)
-                self._counts[key] = 0
-            self._counts[key] += 1
+        keys = tuple(values)
+        sums = self._groups.get(keys)
+        if sums is None:  # a new set of keys: check and create once, then reuse the list
+            for key, value in values.items():
+                if value.dim() != 0:
+                    raise ValueError(
+                        f"logged value {key!r} must be a 0-dim tensor, got {value.shape}")
+                if key not in self._sums:
+                    # float32 even for integer tensors, so the mean is a true division.
+                    self._sums[key] = torch.zeros((), dtype=torch.float32, device=value.device)
+            sums = self._groups[keys] = [self._sums[k] for k in keys]
+            self._calls[keys] = 0
+        self._calls[keys] += 1
         if values:
             # One fused kernel for all keys instead of one add per key.
-            torch._foreach_add_(
-                [self._sums[k] for k in values], [v.detach() for v in values.values()]
-            )
+            with torch.no_grad():
+                torch._foreach_add_(sums, list(values.values()))
 
     def write(self, step: int) -> dict[str, float]:
         """Log and return each key's mean since the last write, then reset the sums."""
         if not self._sums:
             return {}
         keys = list(self._sums)
+        counts = dict.fromkeys(keys, 0)
+        for group_keys, calls in self._calls.items():
+            for key in group_keys:
+                counts[key] += calls
         means: dict[str, float] = {}
         # Grouped by device: one host sync for the usual single-device run.
         for device in {s.device for s in self._sums.values()}:
             group = [k for k in keys if self._sums[k].device == device]
             totals = torch.stack([self._sums[k] for k in group]).tolist()
             means.update(
-                {k: total / self._counts[k] for k, total in zip(group, totals, strict=True)}
+                {k: total / counts[k] for k, total in zip(group, totals, strict=True)}
             )
         means = {k: means[k] for k in keys}
         for key, mean in means.items():
             self._writer.add_scalar(key, mean, step)
         self._sums.clear()
-        self._counts.clear()
+        self._calls.clear()
+        self._groups.clear()
         return means
 
     def scalar(self, tag: str, value: float, step: int) -> None:

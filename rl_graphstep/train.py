@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from rl_graphstep.acting import ActionPipe
 from rl_graphstep.algorithms import ALGORITHMS, ActorCritic
 from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.checkpoint import FORMAT, list_checkpoints, load_checkpoint, save_checkpoint
@@ -88,6 +89,15 @@ def resolve_graph(cfg: Config, device: torch.device) -> bool | None:
     return None if device.type == "cuda" else False
 
 
+def resolve_compile(cfg: Config, use_graph: bool | None) -> bool | None:
+    """``on``/``off`` as given; ``auto``: compiled when the steps may be captured, uncompiled
+    (with a warning) when compiling fails (``None`` tells the agent so); eager steps stay
+    uncompiled (their compile would fail mid-run rather than at capture)."""
+    if cfg.compile == "auto":
+        return None if use_graph is not False else False
+    return cfg.compile == "on"
+
+
 def make_networks(algorithm: type[ActorCritic], cfg: Config, observation_space: gym.Space,
                   action_space: gym.Space, device: torch.device, actor: NetworkSpec = None,
                   critic: NetworkSpec = None) -> tuple[nn.Module, nn.Module]:
@@ -126,26 +136,6 @@ def stop_requests() -> Iterator[list[int]]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-
-
-class ActionReader:
-    """Brings the policy's actions to the host through pinned memory and one event, so
-    reading them waits for the action alone, not for the updates queued after it."""
-
-    def __init__(self, shape: tuple[int, int], device: torch.device) -> None:
-        on_cuda = device.type == "cuda"
-        self.host = torch.empty(shape, pin_memory=on_cuda)
-        self.ready = torch.cuda.Event() if on_cuda else None
-
-    def request(self, actions: torch.Tensor) -> None:
-        self.host.copy_(actions, non_blocking=self.ready is not None)
-        if self.ready is not None:
-            self.ready.record()
-
-    def wait(self) -> np.ndarray:
-        if self.ready is not None:
-            self.ready.synchronize()
-        return self.host.numpy().copy()
 
 
 @dataclass
@@ -214,7 +204,8 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
     device = resolve_device(cfg)
     use_graph = resolve_graph(cfg, device)
     seed_everything(cfg.seed)
-    envs = make_vec_env(cfg.env_id, num_envs=cfg.num_envs, seed=cfg.seed)
+    envs = make_vec_env(cfg.env_id, num_envs=cfg.num_envs, seed=cfg.seed,
+                        asynchronous=cfg.async_envs)
     observation_space, action_space = envs.single_observation_space, envs.single_action_space
     check_continuous_spaces(cfg.env_id, observation_space, action_space, cfg.algo)
     observation_size, action_size = observation_space.shape[0], action_space.shape[0]
@@ -225,40 +216,51 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
                                           device, actor, critic)
     buffer = ReplayBuffer(cfg.buffer_size, observation_size, action_size, device)
     agent = algorithm(actor_net, critic_net, cfg, observation_size=observation_size,
-                      action_size=action_size, device=device, use_graph=use_graph)
+                      action_size=action_size, device=device, use_graph=use_graph,
+                      compile=resolve_compile(cfg, use_graph))
     progress = Progress()
     if resumed is None:
         observations, _ = envs.reset(seed=cfg.seed)
     else:
         envs, observations = _restore(resumed, agent, buffer, progress, envs)
 
-    action_reader = ActionReader((cfg.num_envs, action_size), device)
-    start, start_step = time.perf_counter(), progress.global_step
-    learning_start = (start, start_step)
+    actions_pipe: ActionPipe | None = None  # built with the steps, at the first update
+    clock = LoopClock(progress.global_step)
     # A resumed run drops what the stopped one logged after its checkpoint (step + 1 on).
     purge_step = progress.global_step + 1 if resumed else None
     bar = tqdm(total=cfg.total_timesteps, initial=progress.global_step,
                disable=not cfg.progress, unit="step", dynamic_ncols=True)
     with Logger(run_dir, to_markdown_table(cfg), purge_step=purge_step) as logger, bar, \
             stop_requests() as stops:
-        bar.write(f"{run_dir}: {cfg.algo.upper()} on {cfg.env_id}, {device}, "
-                  f"{'CUDA graphs' if use_graph is not False else 'eager'}; {buffer.describe()}"
+        bar.write(f"{run_dir}: {cfg.algo.upper()} on {cfg.env_id}, {device}; "
+                  f"{buffer.describe()}"
                   + (f"; resumed at step {progress.global_step}" if resumed else ""))
         while progress.global_step < cfg.total_timesteps:
+            # len(buffer): a run resumed without its buffer first refills one batch.
+            updating = (progress.global_step + cfg.num_envs > cfg.learning_starts
+                        and len(buffer) >= cfg.batch_size)
+            if updating and actions_pipe is None:
+                began = time.perf_counter()
+                actions_pipe = _build_steps(agent, buffer, cfg, observation_size, action_size)
+                clock.build_seconds = time.perf_counter() - began
+                bar.write(f"updates: {_describe_mode(agent)}; built in "
+                          f"{clock.build_seconds:.1f} s")
+                clock.start_learning(progress.global_step)
             # The policy's action is queued first and the updates after it, so the host only
             # waits for the action and steps the environment while the GPU updates.
-            learning = progress.global_step >= cfg.learning_starts
-            if learning:
-                obs = torch.as_tensor(observations, dtype=torch.float32, device=device)
-                action_reader.request(agent.explore(obs))
-            # len(buffer): a run resumed without its buffer first refills one batch.
-            if (progress.global_step + cfg.num_envs > cfg.learning_starts
-                    and len(buffer) >= cfg.batch_size):
-                logger.accumulate(agent.update(buffer.sample(cfg.batch_size)))
+            acting = progress.global_step >= cfg.learning_starts and actions_pipe is not None
+            if acting:
+                actions_pipe.request(observations)
+            if updating:
+                for _ in range(cfg.updates_per_step):
+                    logger.accumulate(agent.update_from(buffer))
+                if not cfg.overlap and device.type == "cuda":
+                    torch.cuda.synchronize(device)
+            if acting:
+                with clock.waiting():
+                    actions = actions_pipe.wait()
             else:
-                learning_start = (time.perf_counter(), progress.global_step + cfg.num_envs)
-            actions = (action_reader.wait() if learning
-                       else np.random.uniform(-1.0, 1.0, (cfg.num_envs, action_size)))
+                actions = np.random.uniform(-1.0, 1.0, (cfg.num_envs, action_size))
 
             next_observations, rewards, terminations, _, infos = envs.step(
                 scale_action(actions, low, high))
@@ -275,8 +277,7 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
             step = progress.global_step
             done = step >= cfg.total_timesteps
             if step % cfg.log_interval < cfg.num_envs or done or stops:
-                _log(logger, agent, cfg, progress, bar, (step - start_step)
-                     / (time.perf_counter() - start))
+                _log(logger, agent, cfg, progress, bar, clock.sps(step))
             if step % cfg.checkpoint_every < cfg.num_envs or done or stops:
                 saved = _checkpoint(cfg, run_dir, progress, agent, envs, observations, buffer)
             if stops:
@@ -286,18 +287,70 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
                     f"flushed; continue with --resume {run_dir}")
 
     envs.close()
-    end = time.perf_counter()
-    learning_steps = progress.global_step - learning_start[1]
-    recent = progress.recent_returns
     return {
         "run_dir": str(run_dir),
         "global_step": progress.global_step,
         "episodes": progress.episodes,
-        "mean_return_last_10": float(np.mean(recent)) if recent else None,
-        "sps": (progress.global_step - start_step) / (end - start),
-        "learning_sps": learning_steps / (end - learning_start[0]) if learning_steps else None,
+        "mean_return_last_10": (float(np.mean(progress.recent_returns))
+                                if progress.recent_returns else None),
         "graph": agent.use_graph,
+        "compile": agent.compile,
+        **clock.summary(progress.global_step),
     }
+
+
+def _build_steps(agent: ActorCritic, buffer: ReplayBuffer, cfg: Config, observation_size: int,
+                 action_size: int) -> ActionPipe:
+    """Capture (or wrap) the update steps, the replay sampling and the action selection:
+    compiling is paid once, here."""
+    agent.build(buffer)
+    pipe = ActionPipe(agent.explore, cfg.num_envs, observation_size, action_size, agent.device,
+                      use_graph=agent.use_graph and (None if agent.graph_fallback else True))
+    if agent.device.type == "cuda":
+        torch.cuda.synchronize(agent.device)
+    return pipe
+
+
+def _describe_mode(agent: ActorCritic) -> str:
+    return ("CUDA graphs" if agent.use_graph else "eager") + (
+        " + torch.compile" if agent.compile else "")
+
+
+class LoopClock:
+    """Times the loop: steps/s overall and over the learning phase, and how much of the
+    learning phase the host spent waiting for the device (the rest is its own work)."""
+
+    def __init__(self, step: int) -> None:
+        self.start = (time.perf_counter(), step)
+        self.learning: tuple[float, int] | None = None
+        self.waited = 0.0
+        self.iterations = 0
+        self.build_seconds = 0.0
+
+    def start_learning(self, step: int) -> None:
+        self.learning = (time.perf_counter(), step)
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        began = time.perf_counter()
+        yield
+        self.waited += time.perf_counter() - began
+        self.iterations += 1
+
+    def sps(self, step: int) -> float:
+        return (step - self.start[1]) / (time.perf_counter() - self.start[0])
+
+    def summary(self, step: int) -> dict[str, float | None]:
+        now = time.perf_counter()
+        result: dict[str, float | None] = {"sps": self.sps(step), "learning_sps": None,
+                                           "host_us_per_iteration": None,
+                                           "build_seconds": self.build_seconds}
+        if self.learning is not None and step > self.learning[1]:
+            elapsed = now - self.learning[0]
+            result["learning_sps"] = (step - self.learning[1]) / elapsed
+            if self.iterations:
+                result["host_us_per_iteration"] = (elapsed - self.waited) / self.iterations * 1e6
+        return result
 
 
 def _restore(state: dict[str, Any], agent: ActorCritic, buffer: ReplayBuffer,

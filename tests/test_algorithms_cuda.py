@@ -62,12 +62,18 @@ def test_captured_steps_match_eager_for_100_updates(algo: str) -> None:
     assert graph.updates == 100 and graph_losses[-1] != graph_losses[0]
 
 
-@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
-def test_learns_pendulum_with_graphs(algo: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("algo", "mode"), [
+    *((algo, "graph+compile") for algo in sorted(ALGORITHMS)),
+    ("sac", "graph"),  # eager learning is the CPU suite's (the same code, 10x slower)
+])
+def test_learns_pendulum_on_the_gpu(algo: str, mode: str, tmp_path: Path) -> None:
+    flags = {"graph+compile": ["--graph", "on", "--compile", "on"],
+             "graph": ["--graph", "on", "--compile", "off"], "eager": ["--graph", "off"]}[mode]
     cfg = load_config(["--env", "Pendulum-v1", "--algo", algo, "--seed", "0", "--device",
-                       "cuda", "--graph", "on", "--log-dir", str(tmp_path), "--no-progress"])
+                       "cuda", *flags, "--log-dir", str(tmp_path), "--no-progress"])
     summary = train(cfg)
-    assert summary["graph"] is True
+    assert summary["graph"] is (mode != "eager")
+    assert summary["compile"] is (mode == "graph+compile")
     assert summary["mean_return_last_10"] >= -300, summary
 
 
@@ -102,7 +108,8 @@ def test_graph_auto_falls_back_to_eager_when_capture_fails(tmp_path: Path) -> No
             return self.inner(observations)
 
     base = ["--env", "Pendulum-v1", "--algo", "td3", "--device", "cuda", "--total-timesteps",
-            "300", "--learning-starts", "100", "--log-dir", str(tmp_path), "--no-progress"]
+            "300", "--learning-starts", "100", "--log-dir", str(tmp_path), "--no-progress",
+            "--compile", "off"]  # compiled, the capture-only sync would be traced away
     with pytest.warns(UserWarning, match="running the updates eagerly instead"):
         summary = train(load_config([*base, "--graph", "auto"]), actor=Unsupported)
     assert summary["graph"] is False
@@ -118,7 +125,7 @@ def test_resumed_state_reaches_the_captured_graphs(tmp_path: Path) -> None:
 
     base = ["--env", "Pendulum-v1", "--device", "cuda", "--learning-starts", "200",
             "--batch-size", "64", "--log-dir", str(tmp_path), "--no-progress", "--save-buffer",
-            "--buffer-size", "5000"]
+            "--buffer-size", "5000", "--compile", "off"]
     train(load_config([*base, "--graph", "on", "--total-timesteps", "400", "--run-name", "a"]))
     checkpoint = tmp_path / "a" / "checkpoints" / "step_000000000400.pt"
     # The same checkpoint resumed with graphs and eagerly: if a restored value did not reach

@@ -15,15 +15,32 @@ import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
+from rl_graphstep.buffer import BatchSampler, ReplayBuffer
 from rl_graphstep.config import Config
 from rl_graphstep.errors import CaptureError
-from rl_graphstep.graphstep import AdaptationStep, clip_grad_norm, make_adaptation_step
+from rl_graphstep.graphstep import (
+    AdaptationStep,
+    CudaGraphAdaptationStep,
+    clip_grad_norm,
+    make_adaptation_step,
+)
 from rl_graphstep.networks import EnsembleCritic, StateActionInput
 
 
-def polyak_update(target: nn.Module, source: nn.Module, tau: float) -> None:
-    """target <- (1 - tau) * target + tau * source, in place (the target is never re-created)."""
-    torch._foreach_lerp_(list(target.parameters()), list(source.parameters()), tau)
+class PolyakAverage:
+    """target <- (1 - tau) * target + tau * source for each (target, source) module pair, in
+    place (a target is never re-created) and in one fused launch for all pairs."""
+
+    def __init__(self, pairs: list[tuple[nn.Module, nn.Module]], tau: float) -> None:
+        self.targets = [p for target, _ in pairs for p in target.parameters()]
+        self.sources = [p for _, source in pairs for p in source.parameters()]
+        if len(self.targets) != len(self.sources):
+            raise ValueError("each target network must have its source's parameters")
+        self.tau = tau
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        torch._foreach_lerp_(self.targets, self.sources, self.tau)
 
 
 class ActorCritic:
@@ -53,6 +70,7 @@ class ActorCritic:
         action_size: int,
         device: torch.device,
         use_graph: bool | None = None,
+        compile: bool | None = False,
     ) -> None:
         self.cfg = cfg
         self.device = device
@@ -64,9 +82,12 @@ class ActorCritic:
         self.use_graph = device.type == "cuda" if use_graph is None else use_graph
         self.graph_fallback = use_graph is None
         self.capturable = device.type == "cuda"
+        # torch.compile of the step bodies; `None`: on with CUDA, and off (with a warning)
+        # when compiling fails.
+        self.compile = device.type == "cuda" if compile is None else compile
+        self.compile_fallback = compile is None
 
-        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=cfg.q_lr,
-                                                 capturable=self.capturable)
+        self.critic_optimizer = self.adam(self.critic.parameters(), lr=cfg.q_lr)
         self.actor_optimizer: torch.optim.Optimizer
         self.critic_clip = clip_grad_norm(self.critic.parameters(), cfg.critic_max_grad_norm)
         self.actor_clip = clip_grad_norm(self.actor.parameters(), cfg.actor_max_grad_norm)
@@ -74,7 +95,15 @@ class ActorCritic:
         self.actor_loss_value = torch.zeros((), device=device)
         self.critic_step: AdaptationStep | None = None
         self.actor_step: AdaptationStep | None = None
+        self.sampler: BatchSampler | None = None
         self.updates = 0
+
+    def adam(self, params: Any, **kwargs: Any) -> torch.optim.Adam:
+        """Adam as the steps need it: on CUDA capturable (a graph reads its step count from
+        the device) and, uncompiled, fused (one kernel instead of a dozen)."""
+        fused = self.capturable and not self.compile
+        return torch.optim.Adam(params, capturable=self.capturable, fused=fused or None,
+                                **kwargs)
 
     @classmethod
     def default_critic(cls, observation_space: gym.spaces.Box, action_space: gym.spaces.Box,
@@ -108,49 +137,104 @@ class ActorCritic:
 
     # ---------------------------------------------------------------- the shared update
 
-    def _make_steps(self, rows: Tensor, use_graph: bool) -> None:
+    def _make_steps(self, rows: Tensor, use_graph: bool, compile: bool) -> None:
         split = self.observation_size + self.action_size
         observations = rows[:, : self.observation_size]
         self.critic_step = make_adaptation_step(
             StateActionInput(self.critic, self.observation_size), self.critic_optimizer,
             rows[:, :split], rows[:, split:], self.critic_loss,
             use_graph=use_graph, gradient_transform=self.critic_clip, skip_nonfinite=True,
+            compile=compile,
         )
         self.actor_step = make_adaptation_step(
             self.actor, self.actor_optimizer, observations, observations, self.actor_loss,
             use_graph=use_graph, gradient_transform=self.actor_clip, skip_nonfinite=True,
-            pool=getattr(self.critic_step, "pool", None),
+            pool=getattr(self.critic_step, "pool", None), compile=compile,
         )
 
     def capture(self, rows: Tensor) -> None:
-        """Build both steps from an example batch; with ``graph auto`` fall back to eager."""
-        try:
-            self._make_steps(rows, self.use_graph)
-        except CaptureError as error:
-            if not (self.use_graph and self.graph_fallback):
-                raise
-            warnings.warn(f"{error}; running the updates eagerly instead", stacklevel=2)
-            self.use_graph = False
-            self._make_steps(rows, use_graph=False)
+        """Build both steps from an example batch. Where allowed (``None`` settings), a step
+        that cannot be compiled runs uncompiled and one that cannot be captured runs eagerly,
+        each with a one-line warning."""
+        while True:
+            try:
+                self._make_steps(rows, self.use_graph, self.compile)
+                return
+            except CaptureError as error:
+                self.critic_step = self.actor_step = None
+                if self.compile and self.compile_fallback:
+                    warnings.warn(f"{error}; running the updates uncompiled instead",
+                                  stacklevel=2)
+                    self.compile = False
+                elif self.use_graph and self.graph_fallback:
+                    warnings.warn(f"{error}; running the updates eagerly instead", stacklevel=2)
+                    self.use_graph = False
+                else:
+                    raise
+
+    def _static_columns(self) -> list[tuple[Tensor, slice]]:
+        """Where each column range of a packed replay row goes: the steps' static buffers."""
+        assert self.critic_step is not None and self.actor_step is not None
+        observations = slice(0, self.observation_size)
+        split = self.observation_size + self.action_size
+        return [
+            (self.critic_step.static_inputs, slice(0, split)),
+            (self.critic_step.static_targets, slice(split, None)),
+            (self.actor_step.static_inputs, observations),
+            (self.actor_step.static_targets, observations),
+        ]
 
     def update(self, rows: Tensor) -> dict[str, Tensor]:
         """One critic step on ``rows`` (packed replay rows) and, every ``policy_frequency``
         updates, the delayed actor steps. Returns device tensors to log; no host sync."""
         if self.critic_step is None or self.actor_step is None:
             self.capture(rows)
+        columns = self._static_columns()
+        if rows.shape[0] != columns[0][0].shape[0]:
+            raise ValueError(f"rows has {rows.shape[0]} rows, the steps were built for "
+                             f"{columns[0][0].shape[0]} (a captured step has a fixed shape)")
+        for step in (self.critic_step, self.actor_step):
+            if isinstance(step, CudaGraphAdaptationStep):
+                step.check_layout()
+        with torch.no_grad():
+            torch._foreach_copy_([t for t, _ in columns], [rows[:, c] for _, c in columns])
+        return self._replay_steps()
+
+    def update_from(self, buffer: ReplayBuffer) -> dict[str, Tensor]:
+        """:meth:`update` on a fresh replay sample drawn straight into the steps' static
+        buffers (a captured sampling graph on CUDA): the training loop's fast path."""
+        self.build(buffer)
+        assert self.sampler is not None
+        self.sampler()
+        return self._replay_steps()
+
+    def build(self, buffer: ReplayBuffer) -> None:
+        """Capture the steps (from an example sample) and the sampling from ``buffer``, if
+        not done yet; runs no update."""
+        if self.sampler is not None and self.sampler.buffer is buffer:
+            return
+        if self.critic_step is None or self.actor_step is None:
+            # The first rows as the example: drawing one would consume random numbers, and a
+            # resumed run must draw exactly what the uninterrupted one would.
+            if len(buffer) < self.cfg.batch_size:
+                raise RuntimeError(f"the replay buffer holds {len(buffer)} rows, fewer than "
+                                   f"one batch ({self.cfg.batch_size})")
+            self.capture(buffer.storage[: self.cfg.batch_size])
+        self.sampler = BatchSampler(buffer, self.cfg.batch_size, self._static_columns(),
+                                    use_graph=self.use_graph)
+
+    def _replay_steps(self) -> dict[str, Tensor]:
         assert self.critic_step is not None and self.actor_step is not None
-        split = self.observation_size + self.action_size
         metrics = {
-            "losses/critic": self.critic_step(rows[:, :split], rows[:, split:]),
+            "losses/critic": self.critic_step.replay(),
             "losses/critic_grad_norm": self.critic_clip.norm,
         }
         self.after_critic_update()
         # The delay is a host-side counter: a skipped actor step costs nothing, where a
         # device-side mask would run (and discard) the whole actor update every iteration.
         if self.updates % self.cfg.policy_frequency == 0:
-            observations = rows[:, : self.observation_size]
             for _ in range(self.actor_updates_per_delay):
-                self.actor_step(observations, observations)
+                self.actor_step.replay()
             self.after_actor_updates()
             metrics.update(self.actor_metrics())
         self.updates += 1

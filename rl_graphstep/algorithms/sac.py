@@ -14,7 +14,7 @@ import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
-from rl_graphstep.algorithms.base import ActorCritic, polyak_update
+from rl_graphstep.algorithms.base import ActorCritic, PolyakAverage
 from rl_graphstep.buffer import split_targets
 from rl_graphstep.config import Config
 from rl_graphstep.networks import SquashedGaussianActor
@@ -32,6 +32,8 @@ class SAC(ActorCritic):
         device: where the networks, optimizers and steps live.
         use_graph: capture the updates as CUDA graphs; ``None``: on CUDA, falling back to
             eager when a step cannot be captured.
+        compile: ``torch.compile`` the step bodies (fused kernels); ``None``: on with CUDA,
+            falling back to uncompiled when compiling fails.
     """
 
     name = "sac"
@@ -39,9 +41,10 @@ class SAC(ActorCritic):
 
     def __init__(self, actor: nn.Module, critic: nn.Module, cfg: Config, *,
                  observation_size: int, action_size: int, device: torch.device,
-                 use_graph: bool | None = None) -> None:
+                 use_graph: bool | None = None, compile: bool | None = False) -> None:
         super().__init__(actor, critic, cfg, observation_size=observation_size,
-                         action_size=action_size, device=device, use_graph=use_graph)
+                         action_size=action_size, device=device, use_graph=use_graph,
+                         compile=compile)
         # CleanRL's compensation for the delay: policy_frequency actor steps every
         # policy_frequency critic steps.
         self.actor_updates_per_delay = cfg.policy_frequency
@@ -51,8 +54,9 @@ class SAC(ActorCritic):
         groups = [{"params": list(self.actor.parameters()), "lr": cfg.policy_lr}]
         if cfg.autotune:
             groups.append({"params": [self.log_alpha], "lr": cfg.q_lr})
-        self.actor_optimizer = torch.optim.Adam(groups, capturable=self.capturable)
+        self.actor_optimizer = self.adam(groups)
         self.alpha_loss_value = torch.zeros((), device=device)
+        self.update_target = PolyakAverage([(self.target_critic, self.critic)], cfg.tau)
 
     @classmethod
     def default_actor(cls, observation_space: gym.spaces.Box, action_space: gym.spaces.Box,
@@ -88,7 +92,7 @@ class SAC(ActorCritic):
 
     def after_critic_update(self) -> None:
         if self.updates % self.cfg.target_network_frequency == 0:
-            polyak_update(self.target_critic, self.critic, self.cfg.tau)
+            self.update_target()
 
     def actor_metrics(self) -> dict[str, Tensor]:
         metrics = {**super().actor_metrics(), "charts/alpha": self.alpha}

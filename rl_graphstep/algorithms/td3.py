@@ -9,7 +9,7 @@ import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
-from rl_graphstep.algorithms.base import ActorCritic, polyak_update
+from rl_graphstep.algorithms.base import ActorCritic, PolyakAverage
 from rl_graphstep.buffer import split_targets
 from rl_graphstep.config import Config
 from rl_graphstep.networks import DeterministicActor
@@ -33,12 +33,14 @@ class TD3(ActorCritic):
 
     def __init__(self, actor: nn.Module, critic: nn.Module, cfg: Config, *,
                  observation_size: int, action_size: int, device: torch.device,
-                 use_graph: bool | None = None) -> None:
+                 use_graph: bool | None = None, compile: bool | None = False) -> None:
         super().__init__(actor, critic, cfg, observation_size=observation_size,
-                         action_size=action_size, device=device, use_graph=use_graph)
+                         action_size=action_size, device=device, use_graph=use_graph,
+                         compile=compile)
         self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=cfg.policy_lr,
-                                                capturable=self.capturable)
+        self.actor_optimizer = self.adam(self.actor.parameters(), lr=cfg.policy_lr)
+        self.update_targets = PolyakAverage(
+            [(self.target_actor, self.actor), (self.target_critic, self.critic)], cfg.tau)
 
     @classmethod
     def default_actor(cls, observation_space: gym.spaces.Box, action_space: gym.spaces.Box,
@@ -70,8 +72,7 @@ class TD3(ActorCritic):
         return loss
 
     def after_actor_updates(self) -> None:
-        polyak_update(self.target_actor, self.actor, self.cfg.tau)
-        polyak_update(self.target_critic, self.critic, self.cfg.tau)
+        self.update_targets()
 
     @torch.no_grad()
     def explore(self, observations: Tensor) -> Tensor:

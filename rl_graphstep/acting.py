@@ -1,0 +1,95 @@
+"""Acting: the policy's actions for the environments, fetched with one host sync.
+
+Observations go host → pinned memory → device without blocking, the policy runs (a captured
+CUDA graph on CUDA: one launch instead of a few dozen), and the actions come back through
+pinned memory with one event. The loop queues this before the updates, so waiting for the
+actions never waits for the updates, and the host steps the environments while they run.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rl_graphstep.errors import CaptureError
+from rl_graphstep.graphstep import capture_graph
+
+Policy = Callable[[Tensor], Tensor]
+"""Maps observations (N, O) on the device to actions (N, A), drawing any noise on the device."""
+
+
+class ActionPipe:
+    """Sends observations to ``policy`` and brings its actions back.
+
+    Args:
+        policy: the acting policy (e.g. ``agent.explore``).
+        num_envs, observation_size, action_size: the fixed shapes (N, O) -> (N, A).
+        device: where the policy runs.
+        use_graph: capture the policy as a CUDA graph; ``None``: try, and act eagerly with a
+            warning when it cannot be captured; ``False``: eager.
+
+    :meth:`request` and :meth:`wait` alternate: request queues the work and returns at once,
+    wait blocks until the actions are on the host and returns them.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        num_envs: int,
+        observation_size: int,
+        action_size: int,
+        device: torch.device,
+        *,
+        use_graph: bool | None = False,
+    ) -> None:
+        self.policy = policy
+        on_cuda = device.type == "cuda"
+        self._host_observations = torch.zeros(num_envs, observation_size, pin_memory=on_cuda)
+        self._observations = torch.zeros(num_envs, observation_size, device=device)
+        self._host_actions = torch.zeros(num_envs, action_size, pin_memory=on_cuda)
+        self._ready = torch.cuda.Event() if on_cuda else None
+        self._pending = False
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self._actions: Tensor | None = None
+        if use_graph is not False and on_cuda:
+            try:
+                self.graph, self._actions = capture_graph(
+                    self._act, device, what="the policy's action selection", warmup_steps=2)
+            except CaptureError as error:
+                if use_graph:
+                    raise
+                warnings.warn(f"{error}; selecting actions eagerly instead", stacklevel=2)
+
+    @torch.no_grad()
+    def _act(self) -> Tensor:
+        return self.policy(self._observations)
+
+    def request(self, observations: np.ndarray) -> None:
+        """Queue the policy on ``observations`` (N, O) and the copy of its actions home."""
+        if self._pending:
+            self.wait()  # the pinned buffers are about to be rewritten
+        self._host_observations.numpy()[:] = observations
+        non_blocking = self._ready is not None
+        self._observations.copy_(self._host_observations, non_blocking=non_blocking)
+        if self.graph is not None:
+            self.graph.replay()
+            actions = self._actions
+        else:
+            actions = self._act()
+        self._host_actions.copy_(actions, non_blocking=non_blocking)
+        if self._ready is not None:
+            self._ready.record()
+        self._pending = True
+
+    def wait(self) -> np.ndarray:
+        """The requested actions, (N, A), as a fresh host array."""
+        if not self._pending:
+            raise RuntimeError("wait() without a request(): ask for actions first")
+        if self._ready is not None:
+            self._ready.synchronize()
+        self._pending = False
+        return self._host_actions.numpy().copy()

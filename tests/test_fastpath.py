@@ -1,0 +1,182 @@
+"""The training loop's fast path on the CPU: sampling straight into the steps' static buffers,
+the action pipe, several updates per step, async envs and the new flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fakes import ROWS, FixedActor, LinearCritic
+
+from rl_graphstep.acting import ActionPipe
+from rl_graphstep.algorithms.sac import SAC
+from rl_graphstep.buffer import BatchSampler, ReplayBuffer
+from rl_graphstep.config import Config, load_config
+from rl_graphstep.errors import ConfigError
+from rl_graphstep.graphstep import EagerAdaptationStep
+from rl_graphstep.train import main, resolve_compile, train
+
+CPU = torch.device("cpu")
+
+
+def filled_buffer(rows: int = 50) -> ReplayBuffer:
+    buffer = ReplayBuffer(100, 2, 1, CPU)
+    index = np.arange(rows, dtype=np.float32)
+    buffer.add(np.stack([index, -index], 1), index[:, None] / 100, index, np.stack(
+        [index + 0.5, index - 0.5], 1), index % 7 == 0)
+    return buffer
+
+
+def test_sampler_writes_column_slices_of_buffer_rows() -> None:
+    buffer = filled_buffer()
+    head, tail = torch.zeros(64, 3), torch.zeros(64, 4)
+    sampler = BatchSampler(buffer, 64, [(head, slice(0, 3)), (tail, slice(3, None))])
+    sampler()
+    rows = torch.cat([head, tail], 1)
+    # Every sampled row is a stored row, whole (the two outputs come from the same draw).
+    index = rows[:, 0].long()
+    assert index.min() >= 0 and index.max() < 50
+    torch.testing.assert_close(rows, buffer.storage[index])
+    first = rows.clone()
+    sampler()
+    assert not torch.equal(torch.cat([head, tail], 1), first)  # a fresh draw each call
+
+
+def test_sampler_reads_the_current_fill_level() -> None:
+    buffer = filled_buffer(rows=10)
+    out = torch.zeros(512, 1)
+    sampler = BatchSampler(buffer, 512, [(out, slice(0, 1))])
+    sampler()
+    assert out.max() <= 9
+    index = np.arange(10, 60, dtype=np.float32)
+    buffer.add(np.stack([index, -index], 1), np.zeros((50, 1)), index, np.zeros((50, 2)),
+               np.zeros(50, bool))
+    sampler()
+    assert out.max() > 9 and out.max() < 60  # rows added after the sampler was built
+
+
+def test_sampler_refuses_mismatched_outputs_and_empty_buffers() -> None:
+    with pytest.raises(ValueError, match=r"shape \(8, 2\) on cpu does not match its columns, "
+                                         r"\(8, 3\)"):
+        BatchSampler(filled_buffer(), 8, [(torch.zeros(8, 2), slice(0, 3))])
+    with pytest.raises(RuntimeError, match="empty replay buffer"):
+        BatchSampler(ReplayBuffer(10, 2, 1, CPU), 8, [(torch.zeros(8, 3), slice(0, 3))])
+
+
+def make_sac(**overrides: object) -> SAC:
+    cfg = Config(**{"alpha": 0.5, "gamma": 0.9, "tau": 0.1, "batch_size": 2, **overrides})
+    return SAC(FixedActor(), LinearCritic(), cfg, observation_size=2, action_size=1,
+               device=CPU)
+
+
+def test_update_from_a_buffer_equals_update_on_the_same_rows() -> None:
+    """The fast path (sample into the static buffers, replay) and the general one (copy the
+    given rows in, replay) run the same update."""
+    buffer = ReplayBuffer(2, 2, 1, CPU)
+    buffer.add(ROWS[:, :2], ROWS[:, 2:3], ROWS[:, 3], ROWS[:, 5:], 1 - ROWS[:, 4])
+    fast, general = make_sac(), make_sac()
+    fast.build(buffer)
+    # Steer the draw to the rows in order: the sampler then feeds exactly ROWS.
+    fast.sampler.buffer.sample = lambda n, out: out.copy_(buffer.storage)
+    for _ in range(3):
+        torch.manual_seed(0)
+        a = fast.update_from(buffer)
+        torch.manual_seed(0)
+        b = general.update(buffer.storage.clone())
+        assert a.keys() == b.keys()
+        for key in a:
+            torch.testing.assert_close(a[key], b[key])
+    for p, q in zip(fast.critic.parameters(), general.critic.parameters(), strict=True):
+        torch.testing.assert_close(p, q)
+    assert fast.updates == general.updates == 3
+
+
+def test_update_checks_the_batch_size() -> None:
+    sac = make_sac()
+    sac.update(ROWS)
+    with pytest.raises(ValueError, match="rows has 3 rows, the steps were built for 2"):
+        sac.update(torch.cat([ROWS, ROWS[:1]]))
+
+
+def test_build_runs_no_update_and_consumes_no_random_numbers() -> None:
+    buffer = filled_buffer()
+    sac = make_sac(batch_size=8)
+    critic = [p.detach().clone() for p in sac.critic.parameters()]
+    torch.manual_seed(3)
+    expected = torch.rand(())
+    torch.manual_seed(3)
+    sac.build(buffer)
+    assert torch.rand(()) == expected
+    assert sac.updates == 0
+    assert all(torch.equal(p, q) for p, q in zip(sac.critic.parameters(), critic, strict=True))
+    assert isinstance(sac.critic_step, EagerAdaptationStep)
+
+
+def test_action_pipe_returns_the_policy_actions() -> None:
+    pipe = ActionPipe(lambda obs: obs[:, :1] * 2, 3, 2, 1, CPU)
+    observations = np.array([[1.0, 0.0], [2.0, 0.0], [-1.5, 0.0]], np.float32)
+    pipe.request(observations)
+    actions = pipe.wait()
+    np.testing.assert_array_equal(actions, [[2.0], [4.0], [-3.0]])
+    pipe.request(observations * 0)
+    np.testing.assert_array_equal(actions, [[2.0], [4.0], [-3.0]])  # a copy, not a view
+    np.testing.assert_array_equal(pipe.wait(), np.zeros((3, 1)))
+    with pytest.raises(RuntimeError, match=r"wait\(\) without a request"):
+        pipe.wait()
+
+
+def test_compile_auto_only_for_graphs() -> None:
+    assert resolve_compile(Config(compile="auto"), use_graph=None) is None
+    assert resolve_compile(Config(compile="auto"), use_graph=True) is None
+    assert resolve_compile(Config(compile="auto"), use_graph=False) is False
+    assert resolve_compile(Config(compile="on"), use_graph=False) is True
+    assert resolve_compile(Config(compile="off"), use_graph=True) is False
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--updates-per-step", "0"], "--updates-per-step must be a positive int, got 0"),
+    (["--compile", "maybe"], "--compile must be one of auto, on, off, got 'maybe'"),
+])
+def test_new_flags_are_checked(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(argv)
+
+
+SHORT = ["--env", "Pendulum-v1", "--total-timesteps", "300", "--learning-starts", "100",
+         "--batch-size", "32", "--hidden-sizes", "16", "--no-progress", "--device", "cpu"]
+
+
+def test_updates_per_step_and_the_loop_summary(tmp_path: Path) -> None:
+    summary = train(load_config([*SHORT, "--updates-per-step", "3", "--log-dir",
+                                 str(tmp_path)]))
+    from rl_graphstep.checkpoint import load_checkpoint
+
+    agent = load_checkpoint(next(tmp_path.iterdir()))["agent"]
+    assert agent["updates"] == 3 * 200  # 200 learning iterations, 3 updates each
+    assert summary["learning_sps"] > 0 and summary["host_us_per_iteration"] > 0
+    assert summary["compile"] is False and summary["graph"] is False
+
+
+def test_async_envs_train(tmp_path: Path) -> None:
+    assert main([*SHORT, "--num-envs", "2", "--async-envs", "--log-dir", str(tmp_path)]) == 0
+
+
+def test_compiled_eager_step_matches_the_uncompiled_one() -> None:
+    """torch.compile of the step bodies fuses kernels; the update it computes is the same."""
+    def run(compile: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        module = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),
+                                     torch.nn.Linear(8, 1))
+        optimizer = torch.optim.Adam(module.parameters(), lr=0.01)
+        inputs, targets = torch.randn(16, 4), torch.randn(16, 1)
+        step = EagerAdaptationStep.capture(
+            module, optimizer, inputs, targets, torch.nn.functional.mse_loss,
+            gradient_transform=lambda: torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0),
+            skip_nonfinite=True, compile=compile)
+        losses = [step(inputs, targets) for _ in range(4)]
+        return [*losses, *module.parameters()]
+
+    for a, b in zip(run(True), run(False), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,186 @@
+"""GPU tests of the fast path: the captured replay sampling and action selection, compiled
+steps against their eager twins, the compile fallback, and every loop mode end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from rl_graphstep.acting import ActionPipe
+from rl_graphstep.algorithms import ALGORITHMS
+from rl_graphstep.buffer import BatchSampler, ReplayBuffer
+from rl_graphstep.config import Config, load_config
+from rl_graphstep.errors import CaptureError
+from rl_graphstep.graphstep import CudaGraphAdaptationStep, EagerAdaptationStep
+from rl_graphstep.networks import SquashedGaussianActor
+from rl_graphstep.train import train
+
+pytestmark = pytest.mark.cuda
+DEVICE = torch.device("cuda")
+OBS = gym.spaces.Box(-1.0, 1.0, (17,), np.float32)
+ACT = gym.spaces.Box(-1.0, 1.0, (6,), np.float32)
+
+
+def filled_buffer(rows: int = 3000) -> ReplayBuffer:
+    buffer = ReplayBuffer(5000, 17, 6, DEVICE)
+    rng = np.random.default_rng(0)
+    buffer.add(rng.normal(size=(rows, 17)), rng.uniform(-1, 1, (rows, 6)), rng.normal(size=rows),
+               rng.normal(size=(rows, 17)), rng.random(rows) < 0.05)
+    return buffer
+
+
+def test_captured_sampling_matches_eager_draws_and_reads_the_fill_level() -> None:
+    buffer = filled_buffer(rows=10)
+    outputs = {kind: torch.zeros(256, 17, device=DEVICE) for kind in ("graph", "eager")}
+    graph = BatchSampler(buffer, 256, [(outputs["graph"], slice(0, 17))], use_graph=True)
+    eager = BatchSampler(buffer, 256, [(outputs["eager"], slice(0, 17))])
+    assert graph.graph is not None and eager.graph is None
+    for _ in range(3):
+        draws = {}
+        for kind, sampler in (("graph", graph), ("eager", eager)):
+            torch.manual_seed(5)
+            sampler()
+            draws[kind] = outputs[kind].clone()
+        torch.testing.assert_close(draws["graph"], draws["eager"], rtol=0, atol=0)
+        assert len(set(draws["graph"][:, 0].tolist())) <= 10
+    # Rows added after capture are drawn: the graph reads the buffer's size tensor.
+    rng = np.random.default_rng(1)
+    buffer.add(rng.normal(size=(2000, 17)), np.zeros((2000, 6)), np.zeros(2000),
+               np.zeros((2000, 17)), np.zeros(2000, bool))
+    graph()
+    first = outputs["graph"].clone()
+    assert len(set(first[:, 0].tolist())) > 200
+    graph()
+    assert not torch.equal(outputs["graph"], first)
+
+
+def sac(use_graph: bool, compile: bool = False):
+    torch.manual_seed(0)
+    cfg = Config(algo="sac")
+    kind = ALGORITHMS["sac"]
+    return kind(kind.default_actor(OBS, ACT, cfg), kind.default_critic(OBS, ACT, cfg), cfg,
+                observation_size=17, action_size=6, device=DEVICE, use_graph=use_graph,
+                compile=compile)
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["plain", "compiled"])
+def test_update_from_buffer_graph_matches_eager(compile: bool) -> None:
+    """The whole fast path (captured sampling + captured steps, compiled or not) against the
+    same code run eagerly, from the same seed, over 50 updates."""
+    buffer = filled_buffer()
+    agents, losses = {}, {}
+    for use_graph in (True, False):
+        agent = sac(use_graph, compile)
+        agent.build(buffer)
+        torch.manual_seed(11)
+        losses[use_graph] = torch.stack([agent.update_from(buffer)["losses/critic"]
+                                         for _ in range(50)])
+        agents[use_graph] = agent
+    kind = CudaGraphAdaptationStep
+    assert isinstance(agents[True].critic_step, kind) and agents[True].sampler.graph is not None
+    assert isinstance(agents[False].critic_step, EagerAdaptationStep)
+    assert agents[True].compile is compile
+    torch.testing.assert_close(losses[True], losses[False], rtol=1e-4, atol=1e-5)
+    for p, q in zip(agents[True].actor.parameters(), agents[False].actor.parameters(),
+                    strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(agents[True].log_alpha, agents[False].log_alpha)
+
+
+def test_compiled_steps_learn_the_same_as_plain_ones() -> None:
+    """Compiled kernels round differently and draw their noise differently, so compiled and
+    plain runs are compared by outcome: a critic fitted on the same data reaches a similar
+    loss."""
+    buffer = filled_buffer()
+    final = {}
+    for compile in (False, True):
+        agent = sac(True, compile)
+        torch.manual_seed(3)
+        losses = torch.stack([agent.update_from(buffer)["losses/critic"] for _ in range(300)])
+        final[compile] = losses[-50:].mean().item()
+        assert losses[-50:].mean() < losses[:50].mean()
+    assert final[True] == pytest.approx(final[False], rel=0.25)
+
+
+def test_captured_action_selection_matches_eager_and_is_fresh() -> None:
+    torch.manual_seed(0)
+    actor = SquashedGaussianActor(OBS, ACT, (64, 64)).to(DEVICE)
+    policy = lambda obs: actor(obs)[0]  # noqa: E731
+    pipes = {g: ActionPipe(policy, 4, 17, 6, DEVICE, use_graph=g) for g in (True, False)}
+    assert pipes[True].graph is not None and pipes[False].graph is None
+    observations = np.random.default_rng(0).normal(size=(4, 17)).astype(np.float32)
+    actions = {}
+    for use_graph, pipe in pipes.items():
+        torch.manual_seed(9)
+        actions[use_graph] = []
+        for _ in range(3):
+            pipe.request(observations)
+            actions[use_graph].append(pipe.wait())
+    np.testing.assert_allclose(np.stack(actions[True]), np.stack(actions[False]), rtol=1e-5,
+                               atol=1e-6)
+    assert not np.array_equal(actions[True][0], actions[True][1])  # fresh noise per replay
+
+
+def test_a_syncing_policy_is_named_or_acted_eagerly() -> None:
+    def syncing(observations: torch.Tensor) -> torch.Tensor:
+        scale = float(observations.abs().max())  # a host sync
+        return observations[:, :6] / scale
+
+    with pytest.raises(CaptureError, match=r"could not capture the policy's action selection "
+                                           r"\(at tests/test_fastpath_cuda.py:\d+"):
+        ActionPipe(syncing, 2, 17, 6, DEVICE, use_graph=True)
+    with pytest.warns(UserWarning, match="selecting actions eagerly instead"):
+        pipe = ActionPipe(syncing, 2, 17, 6, DEVICE, use_graph=None)
+    pipe.request(np.ones((2, 17), np.float32))
+    np.testing.assert_allclose(pipe.wait(), np.ones((2, 6)))
+    torch.zeros(1, device=DEVICE).add_(1)  # CUDA still works after the failed capture
+
+
+class Uncompilable(nn.Module):
+    """Runs eagerly and captures, but refuses torch.compile."""
+
+    def __init__(self, observation_space, action_space) -> None:
+        super().__init__()
+        self.inner = SquashedGaussianActor(observation_space, action_space, (32,))
+
+    def forward(self, observations: torch.Tensor):
+        if torch.compiler.is_compiling():
+            raise RuntimeError("this actor cannot be compiled")
+        return self.inner(observations)
+
+    def deterministic_action(self, observations: torch.Tensor) -> torch.Tensor:
+        return self.inner.deterministic_action(observations)
+
+
+BASE = ["--env", "Pendulum-v1", "--device", "cuda", "--total-timesteps", "400",
+        "--learning-starts", "200", "--batch-size", "64", "--no-progress"]
+
+
+def test_compile_auto_falls_back_and_compile_on_fails(tmp_path: Path) -> None:
+    with pytest.warns(UserWarning, match="running the updates uncompiled instead"):
+        summary = train(load_config([*BASE, "--log-dir", str(tmp_path)]), actor=Uncompilable)
+    assert summary["graph"] is True and summary["compile"] is False
+    with pytest.raises(CaptureError, match=r"could not compile the update of .*this actor "
+                                           r"cannot be compiled; run it uncompiled"):
+        train(load_config([*BASE, "--log-dir", str(tmp_path), "--compile", "on"]),
+              actor=Uncompilable)
+
+
+@pytest.mark.parametrize("flags", [
+    ["--graph", "on"],
+    ["--graph", "on", "--compile", "off"],
+    ["--graph", "off"],
+    ["--graph", "on", "--compile", "off", "--no-overlap"],
+    ["--graph", "on", "--compile", "off", "--updates-per-step", "2", "--num-envs", "2",
+     "--async-envs"],
+], ids=["graph+compile", "graph", "eager", "graph-no-overlap", "k2-async"])
+def test_every_loop_mode_runs(flags: list[str], tmp_path: Path) -> None:
+    summary = train(load_config([*BASE, *flags, "--log-dir", str(tmp_path)]))
+    assert summary["graph"] is (flags[1] == "on")
+    assert summary["compile"] is (flags[:2] == ["--graph", "on"] and "--compile" not in flags)
+    assert summary["learning_sps"] > 0 and summary["host_us_per_iteration"] > 0
