@@ -57,7 +57,8 @@ def run_loop(env_id: str, flags: list[str], steps: int, learning_starts: int,
     return train(cfg)
 
 
-def update_alone(env_id: str, flags: list[str], updates: int) -> tuple[float, float, float]:
+def update_alone(env_id: str, flags: list[str], updates: int, breakdown: bool = False
+                 ) -> tuple[float, float, float]:
     """(µs per update, kernels per update, kernel µs per update) for the mode's agent."""
     cfg = load_config(["--env", env_id, *flags])
     env = gym.make(env_id)
@@ -92,6 +93,14 @@ def update_alone(env_id: str, flags: list[str], updates: int) -> tuple[float, fl
     kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA
                and not e.name.startswith(("Memcpy", "Memset"))]
     kernel_us = sum(e.device_time for e in kernels)
+    if breakdown:
+        by_name: dict[str, list[float]] = {}
+        for e in kernels:
+            by_name.setdefault(e.name, []).append(e.device_time)
+        print(f"  kernels per update by name ({' '.join(flags)}):")
+        for name, times in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:40]:
+            print(f"    {len(times) / profiled:6.1f} x {sum(times) / len(times):6.1f} us  "
+                  f"{name[:110]}")
     return per_update, len(kernels) / profiled, kernel_us / profiled
 
 
@@ -105,7 +114,14 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=2_000,
                         help="updates timed alone per mode")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also list each mode's kernels per update by name")
+    parser.add_argument("--profile-host", metavar="MODE", choices=list(MODES),
+                        help="instead: profile the host side of one mode's loop (cProfile)")
     args = parser.parse_args()
+    if args.profile_host:
+        profile_host(args.envs[0], MODES[args.profile_host], args.steps, args.learning_starts)
+        return
     if not torch.cuda.is_available():
         raise SystemExit("throughput.py measures the GPU loop: it needs CUDA")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; learning from step "
@@ -116,11 +132,27 @@ def main() -> None:
             for mode in args.modes:
                 steps = args.eager_steps if mode == "eager" else args.steps
                 summary = run_loop(env_id, MODES[mode], steps, args.learning_starts, log_dir)
-                update_us, kernels, floor_us = update_alone(env_id, MODES[mode], args.updates)
+                update_us, kernels, floor_us = update_alone(env_id, MODES[mode], args.updates,
+                                                            args.breakdown)
                 rows.append(Row(mode, summary["learning_sps"], summary["host_us_per_iteration"],
                                 summary["build_seconds"], update_us, kernels, floor_us))
                 print(f"  {env_id} {mode}: {rows[-1]}", flush=True)
             print_table(env_id, rows)
+
+
+def profile_host(env_id: str, flags: list[str], steps: int, learning_starts: int) -> None:
+    """Where the loop's host time goes: cProfile of one run, by own time (inflated by the
+    profiler itself, so read it as proportions)."""
+    import cProfile
+    import pstats
+
+    with tempfile.TemporaryDirectory() as log_dir:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        summary = run_loop(env_id, flags, steps, learning_starts, log_dir)
+        profiler.disable()
+    print(f"{env_id} {' '.join(flags)}: {summary['learning_sps']:.0f} steps/s under cProfile")
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(35)
 
 
 def print_table(env_id: str, rows: list[Row]) -> None:

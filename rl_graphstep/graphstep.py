@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -198,7 +199,9 @@ class _UpdateBody:
     With ``compile=True`` two parts are ``torch.compile``d (default mode), which fuses their
     many small kernels: forward + loss (its backward is compiled with it) and transform +
     guard + optimizer step. The first call runs uncompiled: it checks the loss and creates the
-    optimizer state, so the compiled code is traced once against the state it will keep.
+    optimizer state, so the compiled code is traced once against the state it will keep. A
+    part the compiler fails on (on its first compiled call, before it runs) stays uncompiled,
+    with a warning, and :attr:`uncompiled_parts` names it.
     """
 
     def __init__(
@@ -218,8 +221,15 @@ class _UpdateBody:
         self.guard = guard
         self.parameters = _selected_parameters(optimizer)
         self.compiled = compile
-        self._compiled_forward_loss = torch.compile(self._forward_loss) if compile else None
-        self._compiled_apply = torch.compile(self._apply) if compile else None
+        self.uncompiled_parts: list[str] = []
+        # Each part: [what runs now, its uncompiled form, compiled calls so far].
+        self._parts: dict[str, list[Any]] = {
+            "forward and loss": [self._forward_loss, self._forward_loss, 0],
+            "gradient transform and optimizer step": [self._apply, self._apply, 0],
+        }
+        if compile:
+            for part in self._parts.values():
+                part[0] = torch.compile(part[1])
         self._first_call_done = False
 
     def _forward_loss(self, inputs: Tensor, targets: Tensor) -> Tensor:
@@ -241,17 +251,40 @@ class _UpdateBody:
             self.optimizer.step()
             self.guard.after_step(keep)
 
+    def _run(self, name: str, *args: Tensor) -> Any:
+        """Run a part, compiled where possible; on the compiler's failure at the first
+        compiled call, fall back to the uncompiled part for good."""
+        part = self._parts[name]
+        if part[0] is part[1]:
+            return part[1](*args)
+        if part[2]:
+            return part[0](*args)
+        try:
+            result = part[0](*args)
+        except Exception as error:
+            cause = _root_cause(error)
+            warnings.warn(
+                f"torch.compile failed on the {name} of {self.module._get_name()} "
+                f"({_describe(cause)}); that part runs uncompiled", stacklevel=4)
+            part[0] = part[1]
+            self.uncompiled_parts.append(name)
+            return part[1](*args)
+        part[2] += 1
+        return result
+
     def __call__(self, inputs: Tensor, targets: Tensor) -> Tensor:
-        compiled = self._first_call_done and self._compiled_forward_loss is not None
         # set_to_none: inside a capture, backward then allocates the gradients from the graph's
         # pool instead of recording an accumulation into stale ones.
         self.optimizer.zero_grad(set_to_none=True)
-        if compiled:
-            loss = self._compiled_forward_loss(inputs, targets)
+        if self._first_call_done:
+            loss = self._run("forward and loss", inputs, targets)
         else:
             loss = self.forward_loss(inputs, targets)
         loss.backward(inputs=self.parameters)
-        (self._compiled_apply if compiled else self._apply)(loss.detach())
+        if self._first_call_done:
+            self._run("gradient transform and optimizer step", loss.detach())
+        else:
+            self._apply(loss.detach())
         self._first_call_done = True
         return loss.detach()
 

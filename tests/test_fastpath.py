@@ -65,10 +65,10 @@ def test_sampler_refuses_mismatched_outputs_and_empty_buffers() -> None:
         BatchSampler(ReplayBuffer(10, 2, 1, CPU), 8, [(torch.zeros(8, 3), slice(0, 3))])
 
 
-def make_sac(**overrides: object) -> SAC:
+def make_sac(compile: bool | None = False, **overrides: object) -> SAC:
     cfg = Config(**{"alpha": 0.5, "gamma": 0.9, "tau": 0.1, "batch_size": 2, **overrides})
     return SAC(FixedActor(), LinearCritic(), cfg, observation_size=2, action_size=1,
-               device=CPU)
+               device=CPU, compile=compile)
 
 
 def test_update_from_a_buffer_equals_update_on_the_same_rows() -> None:
@@ -180,3 +180,51 @@ def test_compiled_eager_step_matches_the_uncompiled_one() -> None:
 
     for a, b in zip(run(True), run(False), strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def failing_compile(function, **_: object):
+    def compiled(*args: object) -> None:
+        raise RuntimeError("the compiler gave up")
+    return compiled
+
+
+def test_a_part_the_compiler_fails_on_runs_uncompiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    torch.manual_seed(0)
+    module = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.Adam(module.parameters(), lr=0.1)
+    inputs, targets = torch.randn(8, 3), torch.randn(8, 1)
+    step = EagerAdaptationStep.capture(module, optimizer, inputs, targets,
+                                       torch.nn.functional.mse_loss, compile=True)
+    before = module.weight.detach().clone()
+    step(inputs, targets)  # the first call is uncompiled anyway
+    with pytest.warns(UserWarning, match=r"torch.compile failed on the forward and loss of "
+                                         r"Linear \(RuntimeError: the compiler gave up\); "
+                                         r"that part runs uncompiled"):
+        step(inputs, targets)
+    assert step._body.uncompiled_parts == ["forward and loss",
+                                           "gradient transform and optimizer step"]
+    assert not torch.equal(module.weight, before)
+    assert optimizer.state[module.weight]["step"] == 2  # two updates, none doubled
+
+
+def test_the_agent_runs_uncompiled_when_compiling_fails(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    import rl_graphstep.algorithms.base as base
+
+    real = base.make_adaptation_step
+
+    def refusing(*args: object, compile: bool, **kwargs: object):
+        if compile:
+            raise base.CaptureError("could not compile the update of Critic: boom")
+        return real(*args, compile=compile, **kwargs)
+
+    monkeypatch.setattr(base, "make_adaptation_step", refusing)
+    sac = make_sac(compile=None)
+    assert sac.compile is True  # None: try to compile
+    with pytest.warns(UserWarning, match="boom; running the updates uncompiled instead"):
+        sac.update(ROWS)
+    assert sac.compile is False and sac.updates == 1
+    strict = make_sac(compile=True)
+    with pytest.raises(base.CaptureError, match="boom"):
+        strict.update(ROWS)

@@ -76,7 +76,9 @@ def test_update_from_buffer_graph_matches_eager(compile: bool) -> None:
     agents, losses = {}, {}
     for use_graph in (True, False):
         agent = sac(use_graph, compile)
-        agent.build(buffer)
+        # One update first: the eager twin's first call runs uncompiled (it creates the
+        # optimizer state), so the compiled code paths are compared from the second on.
+        agent.update_from(buffer)
         torch.manual_seed(11)
         losses[use_graph] = torch.stack([agent.update_from(buffer)["losses/critic"]
                                          for _ in range(50)])
@@ -85,11 +87,13 @@ def test_update_from_buffer_graph_matches_eager(compile: bool) -> None:
     assert isinstance(agents[True].critic_step, kind) and agents[True].sampler.graph is not None
     assert isinstance(agents[False].critic_step, EagerAdaptationStep)
     assert agents[True].compile is compile
-    torch.testing.assert_close(losses[True], losses[False], rtol=1e-4, atol=1e-5)
+    assert agents[True].critic_step._body.uncompiled_parts == []
+    tolerance = {"rtol": 1e-3, "atol": 1e-4} if compile else {"rtol": 1e-4, "atol": 1e-5}
+    torch.testing.assert_close(losses[True], losses[False], **tolerance)
     for p, q in zip(agents[True].actor.parameters(), agents[False].actor.parameters(),
                     strict=True):
-        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(agents[True].log_alpha, agents[False].log_alpha)
+        torch.testing.assert_close(p, q, **tolerance)
+    torch.testing.assert_close(agents[True].log_alpha, agents[False].log_alpha, **tolerance)
 
 
 def test_compiled_steps_learn_the_same_as_plain_ones() -> None:
@@ -141,34 +145,29 @@ def test_a_syncing_policy_is_named_or_acted_eagerly() -> None:
     torch.zeros(1, device=DEVICE).add_(1)  # CUDA still works after the failed capture
 
 
-class Uncompilable(nn.Module):
-    """Runs eagerly and captures, but refuses torch.compile."""
-
-    def __init__(self, observation_space, action_space) -> None:
+class NoisyHead(nn.Module):
+    def __init__(self) -> None:
         super().__init__()
-        self.inner = SquashedGaussianActor(observation_space, action_space, (32,))
+        self.body = nn.Linear(4, 2)
 
-    def forward(self, observations: torch.Tensor):
-        if torch.compiler.is_compiling():
-            raise RuntimeError("this actor cannot be compiled")
-        return self.inner(observations)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.body(x)
+        return out + torch.randn_like(out)
 
-    def deterministic_action(self, observations: torch.Tensor) -> torch.Tensor:
-        return self.inner.deterministic_action(observations)
+
+def test_compiled_graph_noise_is_fresh_on_every_replay() -> None:
+    module = NoisyHead().to(DEVICE)
+    optimizer = torch.optim.Adam(module.parameters(), lr=1e-3, capturable=True)
+    inputs, targets = torch.randn(32, 4, device=DEVICE), torch.randn(32, 2, device=DEVICE)
+    step = CudaGraphAdaptationStep.capture(
+        module, optimizer, inputs, targets, lambda p, t: ((p - t) ** 2).mean(), compile=True)
+    assert step._body.uncompiled_parts == []
+    losses = [step(inputs, targets).item() for _ in range(5)]
+    assert len({round(loss, 6) for loss in losses}) == 5
 
 
 BASE = ["--env", "Pendulum-v1", "--device", "cuda", "--total-timesteps", "400",
         "--learning-starts", "200", "--batch-size", "64", "--no-progress"]
-
-
-def test_compile_auto_falls_back_and_compile_on_fails(tmp_path: Path) -> None:
-    with pytest.warns(UserWarning, match="running the updates uncompiled instead"):
-        summary = train(load_config([*BASE, "--log-dir", str(tmp_path)]), actor=Uncompilable)
-    assert summary["graph"] is True and summary["compile"] is False
-    with pytest.raises(CaptureError, match=r"could not compile the update of .*this actor "
-                                           r"cannot be compiled; run it uncompiled"):
-        train(load_config([*BASE, "--log-dir", str(tmp_path), "--compile", "on"]),
-              actor=Uncompilable)
 
 
 @pytest.mark.parametrize("flags", [

@@ -82,9 +82,9 @@ class ActorCritic:
         self.use_graph = device.type == "cuda" if use_graph is None else use_graph
         self.graph_fallback = use_graph is None
         self.capturable = device.type == "cuda"
-        # torch.compile of the step bodies; `None`: on with CUDA, and off (with a warning)
+        # torch.compile of the step bodies; `None`: compiled, and uncompiled (with a warning)
         # when compiling fails.
-        self.compile = device.type == "cuda" if compile is None else compile
+        self.compile = True if compile is None else compile
         self.compile_fallback = compile is None
 
         self.critic_optimizer = self.adam(self.critic.parameters(), lr=cfg.q_lr)
@@ -100,10 +100,9 @@ class ActorCritic:
 
     def adam(self, params: Any, **kwargs: Any) -> torch.optim.Adam:
         """Adam as the steps need it: on CUDA capturable (a graph reads its step count from
-        the device) and, uncompiled, fused (one kernel instead of a dozen)."""
-        fused = self.capturable and not self.compile
-        return torch.optim.Adam(params, capturable=self.capturable, fused=fused or None,
-                                **kwargs)
+        the device) and fused (one kernel instead of a dozen, compiled or not)."""
+        return torch.optim.Adam(params, capturable=self.capturable,
+                                fused=self.capturable or None, **kwargs)
 
     @classmethod
     def default_critic(cls, observation_space: gym.spaces.Box, action_space: gym.spaces.Box,
@@ -130,6 +129,14 @@ class ActorCritic:
 
     def after_actor_updates(self) -> None:
         """Called after each round of delayed actor steps (e.g. target updates)."""
+
+    def frozen_critic(self, observations: Tensor, actions: Tensor) -> Tensor:
+        """The critic as a function of its inputs alone, for the actor's loss: its parameters
+        enter detached, so the actor's backward computes no critic weight gradients (a
+        compiled backward would compute them and throw them away)."""
+        detached = {name: t.detach() for name, t in (*self.critic.named_parameters(),
+                                                      *self.critic.named_buffers())}
+        return torch.func.functional_call(self.critic, detached, (observations, actions))
 
     def actor_metrics(self) -> dict[str, Tensor]:
         return {"losses/actor": self.actor_loss_value,

@@ -32,7 +32,7 @@ class SAC(ActorCritic):
         device: where the networks, optimizers and steps live.
         use_graph: capture the updates as CUDA graphs; ``None``: on CUDA, falling back to
             eager when a step cannot be captured.
-        compile: ``torch.compile`` the step bodies (fused kernels); ``None``: on with CUDA,
+        compile: ``torch.compile`` the step bodies (fused kernels); ``None``: compiled,
             falling back to uncompiled when compiling fails.
     """
 
@@ -81,7 +81,7 @@ class SAC(ActorCritic):
     def actor_loss(self, prediction: tuple[Tensor, Tensor], observations: Tensor) -> Tensor:
         """``alpha * log_pi - min Q`` plus, with autotune, the temperature loss."""
         actions, log_pi = prediction
-        min_q = self.critic(observations, actions).min(dim=1).values
+        min_q = self.frozen_critic(observations, actions).min(dim=1).values
         actor_loss = (self.alpha * log_pi - min_q).mean()
         self.actor_loss_value.copy_(actor_loss.detach())
         if not self.cfg.autotune:

@@ -67,7 +67,7 @@ class TD3(ActorCritic):
 
     def actor_loss(self, actions: Tensor, observations: Tensor) -> Tensor:
         """``-Q_1(s, pi(s))``: the first critic only, as published."""
-        loss = -self.critic(observations, actions)[:, 0].mean()
+        loss = -self.frozen_critic(observations, actions)[:, 0].mean()
         self.actor_loss_value.copy_(loss.detach())
         return loss
 
