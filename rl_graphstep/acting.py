@@ -51,6 +51,9 @@ class ActionPipe:
         self._host_observations = torch.zeros(num_envs, observation_size, pin_memory=on_cuda)
         self._observations = torch.zeros(num_envs, observation_size, device=device)
         self._host_actions = torch.zeros(num_envs, action_size, pin_memory=on_cuda)
+        # numpy views made once: the loop touches them every step.
+        self._host_observations_view = self._host_observations.numpy()
+        self._host_actions_view = self._host_actions.numpy()
         self._ready = torch.cuda.Event() if on_cuda else None
         self._pending = False
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -72,7 +75,7 @@ class ActionPipe:
         """Queue the policy on ``observations`` (N, O) and the copy of its actions home."""
         if self._pending:
             self.wait()  # the pinned buffers are about to be rewritten
-        self._host_observations.numpy()[:] = observations
+        self._host_observations_view[:] = observations
         non_blocking = self._ready is not None
         self._observations.copy_(self._host_observations, non_blocking=non_blocking)
         if self.graph is not None:
@@ -92,4 +95,4 @@ class ActionPipe:
         if self._ready is not None:
             self._ready.synchronize()
         self._pending = False
-        return self._host_actions.numpy().copy()
+        return self._host_actions_view.copy()

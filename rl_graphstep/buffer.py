@@ -104,8 +104,11 @@ class ReplayBuffer:
         # The fill level on the device too, so a captured sampling graph reads the current one.
         self.size_tensor = torch.zeros((), dtype=torch.int64, device=self.device)
         # Two host staging buffers used in turn, each with the event of the copy reading it.
-        self._staging: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
+        # Two pinned host staging buffers used in turn (with numpy views of them), each with
+        # the event of the last copy reading it; all made once, reused every add.
+        self._staging: list[tuple[torch.Tensor, np.ndarray, torch.cuda.Event | None]] = []
         self._staging_turn = 0
+        self._staging_copied = [False, False]
 
     def _check_fits(self, device: torch.device) -> None:
         needed = self.capacity * self.row_size * self.dtype.itemsize
@@ -165,8 +168,7 @@ class ReplayBuffer:
             ("terminations", terminations, 1),
             ("next_observations", next_observations, self.observation_size),
         )
-        staging = self._staging_rows(n)
-        rows = staging.numpy()  # packed through numpy: a few microseconds, no torch dispatch
+        staging, rows = self._staging_rows(n)
         start = 0
         for name, value, width in columns:
             column = _as_columns(name, value, n, width)
@@ -176,21 +178,23 @@ class ReplayBuffer:
             start += width
         self._write(staging)
 
-    def _staging_rows(self, n: int) -> torch.Tensor:
-        """A host tensor of n rows to pack into; pinned when the storage is on CUDA."""
+    def _staging_rows(self, n: int) -> tuple[torch.Tensor, np.ndarray]:
+        """A host tensor of n rows to pack into (and its numpy view); pinned when the storage
+        is on CUDA."""
         if not self._staging or self._staging[0][0].shape[0] != n:
             pin = self.device.type == "cuda"
-            self._staging = [
-                (torch.empty(n, self.row_size, dtype=self.dtype, pin_memory=pin), None)
-                for _ in range(2)
-            ]
+            tensors = [torch.empty(n, self.row_size, dtype=self.dtype, pin_memory=pin)
+                       for _ in range(2)]
+            self._staging = [(t, t.numpy(), torch.cuda.Event() if pin else None)
+                             for t in tensors]
+            self._staging_copied = [False, False]
         self._staging_turn ^= 1
-        rows, copied = self._staging[self._staging_turn]
-        if copied is not None:
+        rows, view, copied = self._staging[self._staging_turn]
+        if self._staging_copied[self._staging_turn]:
             # The non-blocking copy from two adds ago may still be reading these pinned rows;
             # with two buffers in turn that copy has almost always finished, so this rarely waits.
             copied.synchronize()
-        return rows
+        return rows, view
 
     def _write(self, rows: torch.Tensor) -> None:
         n = rows.shape[0]
@@ -206,9 +210,8 @@ class ReplayBuffer:
             index = torch.arange(start, start + kept, device=self.device) % self.capacity
             self.storage.index_copy_(0, index, on_device)
         if non_blocking:
-            copied = torch.cuda.Event()
-            copied.record()
-            self._staging[self._staging_turn] = (self._staging[self._staging_turn][0], copied)
+            self._staging[self._staging_turn][2].record()
+            self._staging_copied[self._staging_turn] = True
         self._position = (self._position + n) % self.capacity
         if self._size < self.capacity:
             self._size = min(self._size + n, self.capacity)

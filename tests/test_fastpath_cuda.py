@@ -80,7 +80,8 @@ def test_update_from_buffer_graph_matches_eager(compile: bool) -> None:
         # optimizer state), so the compiled code paths are compared from the second on.
         agent.update_from(buffer)
         torch.manual_seed(11)
-        losses[use_graph] = torch.stack([agent.update_from(buffer)["losses/critic"]
+        # update_from's metrics are live: copy each before the next update.
+        losses[use_graph] = torch.stack([agent.update_from(buffer)["losses/critic"].clone()
                                          for _ in range(50)])
         agents[use_graph] = agent
     kind = CudaGraphAdaptationStep
@@ -105,7 +106,8 @@ def test_compiled_steps_learn_the_same_as_plain_ones() -> None:
     for compile in (False, True):
         agent = sac(True, compile)
         torch.manual_seed(3)
-        losses = torch.stack([agent.update_from(buffer)["losses/critic"] for _ in range(300)])
+        losses = torch.stack([agent.update_from(buffer)["losses/critic"].clone()
+                              for _ in range(300)])
         final[compile] = losses[-50:].mean().item()
         assert losses[-50:].mean() < losses[:50].mean()
     assert final[True] == pytest.approx(final[False], rel=0.25)

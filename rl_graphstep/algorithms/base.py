@@ -100,9 +100,12 @@ class ActorCritic:
 
     def adam(self, params: Any, **kwargs: Any) -> torch.optim.Adam:
         """Adam as the steps need it: on CUDA capturable (a graph reads its step count from
-        the device) and fused (one kernel instead of a dozen, compiled or not)."""
-        return torch.optim.Adam(params, capturable=self.capturable,
-                                fused=self.capturable or None, **kwargs)
+        the device) and, uncompiled, fused: one kernel instead of a dozen. Compiled, the
+        foreach form is fused by the compiler instead, and measured faster (the fused kernel
+        took 24 µs per call on an H200, the compiled update as a whole 30 µs less)."""
+        fused = self.capturable and not self.compile
+        return torch.optim.Adam(params, capturable=self.capturable, fused=fused or None,
+                                **kwargs)
 
     @classmethod
     def default_critic(cls, observation_space: gym.spaces.Box, action_space: gym.spaces.Box,
@@ -209,11 +212,14 @@ class ActorCritic:
 
     def update_from(self, buffer: ReplayBuffer) -> dict[str, Tensor]:
         """:meth:`update` on a fresh replay sample drawn straight into the steps' static
-        buffers (a captured sampling graph on CUDA): the training loop's fast path."""
+        buffers (a captured sampling graph on CUDA): the training loop's fast path.
+
+        Its metrics are live tensors that the next update overwrites: accumulate or copy
+        them at once (the logger does)."""
         self.build(buffer)
         assert self.sampler is not None
         self.sampler()
-        return self._replay_steps()
+        return self._replay_steps(live=True)
 
     def build(self, buffer: ReplayBuffer) -> None:
         """Capture the steps (from an example sample) and the sampling from ``buffer``, if
@@ -230,10 +236,15 @@ class ActorCritic:
         self.sampler = BatchSampler(buffer, self.cfg.batch_size, self._static_columns(),
                                     use_graph=self.use_graph)
 
-    def _replay_steps(self) -> dict[str, Tensor]:
+    def _replay_steps(self, live: bool = False) -> dict[str, Tensor]:
         assert self.critic_step is not None and self.actor_step is not None
+        if live:  # the step's own loss tensor: read it before the next update
+            self.critic_step.replay()
+            critic_loss = self.critic_step.static_loss
+        else:
+            critic_loss = self.critic_step.replay()
         metrics = {
-            "losses/critic": self.critic_step.replay(),
+            "losses/critic": critic_loss,
             "losses/critic_grad_norm": self.critic_clip.norm,
         }
         self.after_critic_update()

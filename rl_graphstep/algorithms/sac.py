@@ -56,6 +56,8 @@ class SAC(ActorCritic):
             groups.append({"params": [self.log_alpha], "lr": cfg.q_lr})
         self.actor_optimizer = self.adam(groups)
         self.alpha_loss_value = torch.zeros((), device=device)
+        # The temperature each actor update used, written in place like the losses.
+        self.alpha_value = self.alpha.clone()
         self.update_target = PolyakAverage([(self.target_critic, self.critic)], cfg.tau)
 
     @classmethod
@@ -82,7 +84,9 @@ class SAC(ActorCritic):
         """``alpha * log_pi - min Q`` plus, with autotune, the temperature loss."""
         actions, log_pi = prediction
         min_q = self.frozen_critic(observations, actions).min(dim=1).values
-        actor_loss = (self.alpha * log_pi - min_q).mean()
+        alpha = self.alpha
+        self.alpha_value.copy_(alpha)
+        actor_loss = (alpha * log_pi - min_q).mean()
         self.actor_loss_value.copy_(actor_loss.detach())
         if not self.cfg.autotune:
             return actor_loss
@@ -95,7 +99,7 @@ class SAC(ActorCritic):
             self.update_target()
 
     def actor_metrics(self) -> dict[str, Tensor]:
-        metrics = {**super().actor_metrics(), "charts/alpha": self.alpha}
+        metrics = {**super().actor_metrics(), "charts/alpha": self.alpha_value}
         if self.cfg.autotune:
             metrics["losses/alpha"] = self.alpha_loss_value
         return metrics
