@@ -55,6 +55,7 @@ class ActionPipe:
         self._host_observations_view = self._host_observations.numpy()
         self._host_actions_view = self._host_actions.numpy()
         self._ready = torch.cuda.Event() if on_cuda else None
+        self._device = device
         self._pending = False
         self.graph: torch.cuda.CUDAGraph | None = None
         self._actions: Tensor | None = None
@@ -85,7 +86,8 @@ class ActionPipe:
             actions = self._act()
         self._host_actions.copy_(actions, non_blocking=non_blocking)
         if self._ready is not None:
-            self._ready.record()
+            # With the device named, current_stream() skips a device query.
+            self._ready.record(torch.cuda.current_stream(self._device))
         self._pending = True
 
     def wait(self) -> np.ndarray:

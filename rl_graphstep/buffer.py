@@ -210,7 +210,8 @@ class ReplayBuffer:
             index = torch.arange(start, start + kept, device=self.device) % self.capacity
             self.storage.index_copy_(0, index, on_device)
         if non_blocking:
-            self._staging[self._staging_turn][2].record()
+            # With the device named, current_stream() skips a device query.
+            self._staging[self._staging_turn][2].record(torch.cuda.current_stream(self.device))
             self._staging_copied[self._staging_turn] = True
         self._position = (self._position + n) % self.capacity
         if self._size < self.capacity:

@@ -162,13 +162,18 @@ class NonFiniteGuard:
         return self._tensors, self._backups
 
     @torch.no_grad()
-    def before_step(self, loss: Tensor, parameters: list[Tensor]) -> Tensor:
+    def before_step(self, loss: Tensor, parameters: list[Tensor],
+                    grad_norm: Tensor | None = None) -> Tensor:
         """Check the update, neutralise a bad one's gradients, back up what the step changes;
-        returns the 0-dim float ``keep`` (1: finite update, 0: skip)."""
+        returns the 0-dim float ``keep`` (1: finite update, 0: skip). ``grad_norm``: the
+        gradients' total norm when already known (a clip computed it; it is finite exactly
+        when every gradient is), saving its recomputation."""
         grads = [p.grad for p in parameters if p.grad is not None]
         finite = torch.isfinite(loss.detach())
         if grads:
-            finite = finite & torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())
+            if grad_norm is None:
+                grad_norm = torch.stack(torch._foreach_norm(grads)).sum()
+            finite = finite & torch.isfinite(grad_norm)
             for grad in grads:
                 grad.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
             torch._foreach_mul_(grads, finite.to(grads[0].dtype))
@@ -247,7 +252,9 @@ class _UpdateBody:
         if self.guard is None:
             self.optimizer.step()
         else:
-            keep = self.guard.before_step(loss, self.parameters)
+            norm = self.gradient_transform.norm if isinstance(
+                self.gradient_transform, GradNormClip) else None
+            keep = self.guard.before_step(loss, self.parameters, norm)
             self.optimizer.step()
             self.guard.after_step(keep)
 
@@ -281,10 +288,13 @@ class _UpdateBody:
         else:
             loss = self.forward_loss(inputs, targets)
         loss.backward(inputs=self.parameters)
-        if self._first_call_done:
-            self._run("gradient transform and optimizer step", loss.detach())
-        else:
-            self._apply(loss.detach())
+        # No grad: all of it works on gradients, and a compiled graph that starts with grad
+        # mode on is traced as a training graph, which copies every tensor it updates.
+        with torch.no_grad():
+            if self._first_call_done:
+                self._run("gradient transform and optimizer step", loss.detach())
+            else:
+                self._apply(loss.detach())
         self._first_call_done = True
         return loss.detach()
 
