@@ -51,6 +51,7 @@ __all__ = [
     "list_checkpoints",
     "load_checkpoint",
     "save_checkpoint",
+    "set_aside_later",
 ]
 
 FORMAT = 1
@@ -79,7 +80,8 @@ def save_checkpoint(run_dir: Path | str, step: int, state: Mapping[str, Any], *,
     save leaves every earlier checkpoint whole (and no temporary file behind, unless the
     process is killed outright). Pruning keeps the ``keep`` highest steps, and the checkpoint
     just written even when it is not among them (a run restarted from an earlier step then
-    keeps the later checkpoints until it passes them: nothing newer is deleted for it).
+    keeps the later checkpoints until it passes them: nothing newer is deleted for it; the
+    training loop moves them aside first with :func:`set_aside_later`).
 
     Args:
         run_dir: the run folder; ``checkpoints/`` is created inside it when missing.
@@ -134,6 +136,29 @@ def _fsync_dir(folder: Path) -> None:
         pass  # some file systems refuse fsync on a folder; the rename has still happened
     finally:
         os.close(fd)
+
+
+def set_aside_later(run_dir: Path | str, step: int) -> Path | None:
+    """Move the checkpoints of steps after ``step`` into ``checkpoints/abandoned_after_<step>/``
+    and return that folder (None when there were none).
+
+    A run resumed from an older checkpoint starts a new timeline; the later checkpoints of the
+    old one would otherwise be taken for its latest (and the new timeline would overwrite
+    them step by step). Moved, not deleted: nothing is lost.
+    """
+    later = [p for p in list_checkpoints(run_dir) if (_step_of(p) or 0) > step]
+    if not later:
+        return None
+    base = Path(run_dir) / CHECKPOINT_DIR / f"abandoned_after_{step:012d}"
+    folder, n = base, 1
+    while folder.exists():  # a second abandoned timeline after the same step
+        n += 1
+        folder = base.with_name(f"{base.name}_{n}")
+    folder.mkdir()
+    for path in later:
+        os.replace(path, folder / path.name)
+    _fsync_dir(folder.parent)
+    return folder
 
 
 def _prune(run_dir: Path | str, keep: int, spare: Path) -> None:

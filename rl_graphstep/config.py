@@ -99,7 +99,10 @@ class Config:
     policy_frequency: int = option(
         2, "critic updates per actor update (delayed actor; TD3's policy delay)"
     )
-    target_network_frequency: int = option(1, "critic updates per target network update")
+    target_network_frequency: int = option(
+        1, "critic updates per target network update (SAC; TD3 and DDPG move their targets "
+        "with each delayed actor update, every --policy-frequency)"
+    )
     alpha: float = option(0.2, "initial entropy temperature (SAC)")
     autotune: bool = option(True, "learn the temperature towards the target entropy (SAC)")
     policy_noise: float = option(

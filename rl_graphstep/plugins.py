@@ -93,19 +93,31 @@ def _is_file_path(location: str) -> bool:
 
 def _import_module(spec: str, module_name: str) -> Any:
     try:
-        return importlib.import_module(module_name)
+        return _import_from_here(module_name)
     except ImportError as error:
         hint = ""
         if error.name == module_name.split(".")[0]:
-            # The usual cause: the package's folder is not on sys.path (a console script does
-            # not put the current directory there, `python -m` does).
             hint = (
-                "; run from the folder that holds it (python -m rl_graphstep.train ...) or "
-                "give the file form path/to/file.py:ClassName"
+                "; run from the folder that holds it or give the file form "
+                "path/to/file.py:ClassName"
             )
         raise ConfigError(
             f"cannot import module {module_name!r} for {spec!r}: {error}{hint}"
         ) from error
+
+
+def _import_from_here(module_name: str) -> Any:
+    """Import ``module_name``, also from the current directory: ``python -m`` puts it on
+    ``sys.path`` but a console script (``rl-graphstep-train``) does not, and a spec such as
+    ``examples.residual_actor:ResidualActor`` should work from either."""
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as error:
+        here = os.getcwd()
+        if error.name != module_name.split(".")[0] or here in sys.path or "" in sys.path:
+            raise
+        sys.path.append(here)  # last: never shadows an installed module
+        return importlib.import_module(module_name)
 
 
 def _module_from_file(spec: str, location: str) -> Any:

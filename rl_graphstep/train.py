@@ -29,7 +29,13 @@ from tqdm import tqdm
 from rl_graphstep.acting import ActionPipe
 from rl_graphstep.algorithms import ALGORITHMS, ActorCritic
 from rl_graphstep.buffer import ReplayBuffer
-from rl_graphstep.checkpoint import FORMAT, list_checkpoints, load_checkpoint, save_checkpoint
+from rl_graphstep.checkpoint import (
+    FORMAT,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+    set_aside_later,
+)
 from rl_graphstep.config import (
     Config,
     command_line_values,
@@ -201,6 +207,8 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
     if resumed is None and list_checkpoints(run_dir):
         raise ConfigError(f"{run_dir} already holds a run with checkpoints; continue it with "
                           "--resume or pick another --run-name")
+    # Resumed from an older checkpoint: the later ones belong to the abandoned timeline.
+    set_aside = set_aside_later(run_dir, int(resumed["global_step"])) if resumed else None
     device = resolve_device(cfg)
     use_graph = resolve_graph(cfg, device)
     seed_everything(cfg.seed)
@@ -234,7 +242,8 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
             stop_requests() as stops:
         bar.write(f"{run_dir}: {cfg.algo.upper()} on {cfg.env_id}, {device}; "
                   f"{buffer.describe()}"
-                  + (f"; resumed at step {progress.global_step}" if resumed else ""))
+                  + (f"; resumed at step {progress.global_step}" if resumed else "")
+                  + (f"; later checkpoints moved to {set_aside}" if set_aside else ""))
         while progress.global_step < cfg.total_timesteps:
             # len(buffer): a run resumed without its buffer first refills one batch.
             updating = (progress.global_step + cfg.num_envs > cfg.learning_starts

@@ -99,6 +99,25 @@ def test_the_checkpoint_just_written_is_never_pruned(tmp_path: Path) -> None:
     assert names(tmp_path) == ["step_000000003000.pt", "step_000000005000.pt"]
 
 
+def test_later_checkpoints_are_set_aside_not_deleted(tmp_path: Path) -> None:
+    from rl_graphstep.checkpoint import set_aside_later
+
+    for step in (1000, 2000, 3000):
+        save_checkpoint(tmp_path, step, make_state(step), keep=5)
+    assert set_aside_later(tmp_path, 3000) is None  # nothing later: nothing moves
+    first = set_aside_later(tmp_path, 1000)
+    assert first == tmp_path / "checkpoints" / "abandoned_after_000000001000"
+    assert names(tmp_path) == ["step_000000001000.pt"]
+    assert sorted(p.name for p in first.iterdir()) == ["step_000000002000.pt",
+                                                       "step_000000003000.pt"]
+    assert load_checkpoint(first / "step_000000003000.pt")["global_step"] == 3000
+    # A second abandoned timeline after the same step gets its own folder.
+    save_checkpoint(tmp_path, 2000, make_state(2000), keep=5)
+    second = set_aside_later(tmp_path, 1000)
+    assert second.name == "abandoned_after_000000001000_2"
+    assert [p.name for p in second.iterdir()] == ["step_000000002000.pt"]
+
+
 def test_keep_must_be_positive(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="keep must be at least 1 checkpoint, got 0"):
         save_checkpoint(tmp_path, 1000, make_state(1000), keep=0)

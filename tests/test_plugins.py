@@ -611,3 +611,16 @@ def test_item_in_forward_is_caught_on_cuda(bad_file: Path) -> None:
     assert f"syncing_actor.py:{line_of(path, 'HOST-SYNC')} " in message
     check_actor(DeterministicActor(OBS_SPACE, ACT_SPACE, (8,)).to(device), kind="deterministic",
                 observation_size=5, action_size=3, device=device)
+
+
+def test_a_module_spec_is_found_from_the_current_folder_without_it_on_the_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As under the rl-graphstep-train console script, which does not put the current
+    folder on sys.path the way python -m does."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(ROOT))])
+    for name in [m for m in sys.modules if m == "examples" or m.startswith("examples.")]:
+        monkeypatch.delitem(sys.modules, name)
+    cls = load_class("examples.residual_actor:ResidualActor")
+    assert cls.__name__ == "ResidualActor"
+    assert sys.path[-1] == str(ROOT)
