@@ -26,6 +26,10 @@ class CaptureError(RLGraphstepError, RuntimeError):
     """An update could not be captured as a CUDA graph."""
 
 
+class CompileError(CaptureError):
+    """An update could not be compiled (``torch.compile``) before its capture."""
+
+
 # Frames in these folders are the library's, not the user's: a message names the user's line.
 _LIBRARY_DIRS = tuple(
     os.path.realpath(folder) + os.sep

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rl_graphstep.errors import CaptureError, user_location
+from rl_graphstep.errors import CaptureError, CompileError, user_location
 
 TensorLoss = Callable[[Any, Tensor], Tensor]
 """``loss_function(prediction, targets)``: a scalar, differentiable tensor."""
@@ -689,7 +689,7 @@ class CudaGraphAdaptationStep:
             undo()
             if not compile:
                 raise
-            raise CaptureError(
+            raise CompileError(
                 f"could not compile the update of {module._get_name()}: "
                 f"{_describe(_root_cause(error))}; run it uncompiled (--compile off)"
             ) from error

@@ -216,7 +216,7 @@ def test_the_agent_runs_uncompiled_when_compiling_fails(monkeypatch: pytest.Monk
 
     def refusing(*args: object, compile: bool, **kwargs: object):
         if compile:
-            raise base.CaptureError("could not compile the update of Critic: boom")
+            raise base.CompileError("could not compile the update of Critic: boom")
         return real(*args, compile=compile, **kwargs)
 
     monkeypatch.setattr(base, "make_adaptation_step", refusing)
@@ -228,3 +228,29 @@ def test_the_agent_runs_uncompiled_when_compiling_fails(monkeypatch: pytest.Monk
     strict = make_sac(compile=True)
     with pytest.raises(base.CaptureError, match="boom"):
         strict.update(ROWS)
+
+
+def test_a_capture_failure_falls_back_to_eager_and_uncompiled(monkeypatch: pytest.MonkeyPatch
+                                                                ) -> None:
+    """A step that cannot be captured (not a compiler failure) keeps the compile setting
+    out of it: with graph and compile both on auto, it runs eagerly and uncompiled."""
+    import rl_graphstep.algorithms.base as base
+
+    real = base.make_adaptation_step
+    calls = []
+
+    def no_graphs(*args: object, use_graph: bool, compile: bool, **kwargs: object):
+        calls.append((use_graph, compile))
+        if use_graph:
+            raise base.CaptureError("could not capture the update of Critic: a host sync")
+        return real(*args, use_graph=use_graph, compile=compile, **kwargs)
+
+    monkeypatch.setattr(base, "make_adaptation_step", no_graphs)
+    cfg = Config(alpha=0.5, batch_size=2)
+    sac = SAC(FixedActor(), LinearCritic(), cfg, observation_size=2, action_size=1, device=CPU,
+              use_graph=None, compile=None)
+    sac.use_graph = True  # as on CUDA with --graph auto
+    with pytest.warns(UserWarning, match="a host sync; running the updates eagerly instead"):
+        sac.update(ROWS)
+    assert (sac.use_graph, sac.compile) == (False, False)
+    assert calls == [(True, True), (False, False), (False, False)]  # critic, then both eager

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 
 from rl_graphstep.buffer import BatchSampler, ReplayBuffer
 from rl_graphstep.config import Config
-from rl_graphstep.errors import CaptureError
+from rl_graphstep.errors import CaptureError, CompileError
 from rl_graphstep.graphstep import (
     AdaptationStep,
     CudaGraphAdaptationStep,
@@ -164,21 +164,24 @@ class ActorCritic:
 
     def capture(self, rows: Tensor) -> None:
         """Build both steps from an example batch. Where allowed (``None`` settings), a step
-        that cannot be compiled runs uncompiled and one that cannot be captured runs eagerly,
-        each with a one-line warning."""
+        that cannot be compiled runs uncompiled and one that cannot be captured runs eagerly
+        (and uncompiled: eagerly, a compiler failure would surface mid-run), each with a
+        one-line warning."""
         while True:
             try:
                 self._make_steps(rows, self.use_graph, self.compile)
                 return
             except CaptureError as error:
                 self.critic_step = self.actor_step = None
-                if self.compile and self.compile_fallback:
+                if isinstance(error, CompileError) and self.compile and self.compile_fallback:
                     warnings.warn(f"{error}; running the updates uncompiled instead",
                                   stacklevel=2)
                     self.compile = False
-                elif self.use_graph and self.graph_fallback:
+                elif (not isinstance(error, CompileError) and self.use_graph
+                      and self.graph_fallback):
                     warnings.warn(f"{error}; running the updates eagerly instead", stacklevel=2)
                     self.use_graph = False
+                    self.compile = self.compile and not self.compile_fallback
                 else:
                     raise
 
