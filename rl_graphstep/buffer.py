@@ -103,7 +103,6 @@ class ReplayBuffer:
         self._size = 0
         # The fill level on the device too, so a captured sampling graph reads the current one.
         self.size_tensor = torch.zeros((), dtype=torch.int64, device=self.device)
-        # Two host staging buffers used in turn, each with the event of the copy reading it.
         # Two pinned host staging buffers used in turn (with numpy views of them), each with
         # the event of the last copy reading it; all made once, reused every add.
         self._staging: list[tuple[torch.Tensor, np.ndarray, torch.cuda.Event | None]] = []

@@ -47,9 +47,11 @@ class ActorCritic:
     """The shared machinery of SAC, TD3 and DDPG.
 
     Each ``update(rows)`` runs one critic step on a replay sample and, every
-    ``policy_frequency`` updates, ``actor_updates_per_delay`` actor steps. The steps are
-    captured (or wrapped eagerly) on the first update, from that first sample; with
-    ``use_graph=None`` a step that cannot be captured falls back to eager with a warning.
+    ``policy_frequency`` updates, ``actor_updates_per_delay`` actor steps; ``update_from(buffer)``
+    does the same on a sample drawn straight into the steps (the training loop's fast path).
+    The steps are captured (or wrapped eagerly) on the first update, from that first sample;
+    with ``use_graph=None`` a step that cannot be captured falls back to eager with a warning,
+    and with ``compile=None`` one that cannot be compiled runs uncompiled.
 
     Subclasses set ``actor_optimizer`` before calling ``update`` and implement
     ``critic_loss``, ``actor_loss``, ``explore`` and the two hooks.
