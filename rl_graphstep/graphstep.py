@@ -225,7 +225,6 @@ class _UpdateBody:
         self.gradient_transform = gradient_transform
         self.guard = guard
         self.parameters = _selected_parameters(optimizer)
-        self.compiled = compile
         self.uncompiled_parts: list[str] = []
         # Each part: [what runs now, its uncompiled form, compiled calls so far].
         self._parts: dict[str, list[Any]] = {
