@@ -35,6 +35,8 @@ MODES: dict[str, list[str]] = {
     "graph+compile": ["--graph", "on", "--compile", "on", "--no-overlap"],
     "graph+overlap": ["--graph", "on", "--compile", "off"],
     "graph+compile+overlap (default)": ["--graph", "on", "--compile", "on"],
+    # The env in a subprocess, stepping while the host launches the updates.
+    "default+async-env": ["--graph", "on", "--compile", "on", "--async-envs"],
 }
 
 

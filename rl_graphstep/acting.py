@@ -11,6 +11,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
+import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor
@@ -23,17 +24,21 @@ Policy = Callable[[Tensor], Tensor]
 
 
 class ActionPipe:
-    """Sends observations to ``policy`` and brings its actions back.
+    """Sends observations to ``policy`` and brings its actions back, in [-1, 1] (for the
+    replay buffer) and scaled onto the action space's bounds (for the environments), both
+    computed on the device and brought home in one transfer.
 
     Args:
-        policy: the acting policy (e.g. ``agent.explore``).
-        num_envs, observation_size, action_size: the fixed shapes (N, O) -> (N, A).
+        policy: the acting policy (e.g. ``agent.explore``), actions in [-1, 1].
+        num_envs, observation_size: the fixed shape (N, O) of the observations.
+        action_space: the single env's Box; its bounds scale the actions.
         device: where the policy runs.
         use_graph: capture the policy as a CUDA graph; ``None``: try, and act eagerly with a
             warning when it cannot be captured; ``False``: eager.
 
     :meth:`request` and :meth:`wait` alternate: request queues the work and returns at once,
-    wait blocks until the actions are on the host and returns them.
+    wait blocks until the actions are on the host and returns them. Both are issued on the
+    CUDA stream current when the pipe was made.
     """
 
     def __init__(
@@ -41,21 +46,25 @@ class ActionPipe:
         policy: Policy,
         num_envs: int,
         observation_size: int,
-        action_size: int,
+        action_space: gym.spaces.Box,
         device: torch.device,
         *,
         use_graph: bool | None = False,
     ) -> None:
         self.policy = policy
         on_cuda = device.type == "cuda"
+        self.action_size = action_space.shape[0]
+        self._low = torch.as_tensor(action_space.low, dtype=torch.float32, device=device)
+        self._high = torch.as_tensor(action_space.high, dtype=torch.float32, device=device)
         self._host_observations = torch.zeros(num_envs, observation_size, pin_memory=on_cuda)
         self._observations = torch.zeros(num_envs, observation_size, device=device)
-        self._host_actions = torch.zeros(num_envs, action_size, pin_memory=on_cuda)
+        self._host_actions = torch.zeros(num_envs, 2 * self.action_size, pin_memory=on_cuda)
         # numpy views made once: the loop touches them every step.
         self._host_observations_view = self._host_observations.numpy()
         self._host_actions_view = self._host_actions.numpy()
         self._ready = torch.cuda.Event() if on_cuda else None
-        self._device = device
+        # Fetched once: current_stream() costs more than the copies it would order.
+        self._stream = torch.cuda.current_stream(device) if on_cuda else None
         self._pending = False
         self.graph: torch.cuda.CUDAGraph | None = None
         self._actions: Tensor | None = None
@@ -70,7 +79,11 @@ class ActionPipe:
 
     @torch.no_grad()
     def _act(self) -> Tensor:
-        return self.policy(self._observations)
+        """[actions in [-1, 1] | actions on the env's bounds], (N, 2A)."""
+        actions = self.policy(self._observations)
+        scaled = self._low + (actions + 1.0) * 0.5 * (self._high - self._low)
+        return torch.cat([actions, torch.minimum(torch.maximum(scaled, self._low),
+                                                 self._high)], dim=1)
 
     def request(self, observations: np.ndarray) -> None:
         """Queue the policy on ``observations`` (N, O) and the copy of its actions home."""
@@ -86,15 +99,16 @@ class ActionPipe:
             actions = self._act()
         self._host_actions.copy_(actions, non_blocking=non_blocking)
         if self._ready is not None:
-            # With the device named, current_stream() skips a device query.
-            self._ready.record(torch.cuda.current_stream(self._device))
+            self._ready.record(self._stream)
         self._pending = True
 
-    def wait(self) -> np.ndarray:
-        """The requested actions, (N, A), as a fresh host array."""
+    def wait(self) -> tuple[np.ndarray, np.ndarray]:
+        """The requested actions as fresh host arrays (N, A): in [-1, 1], and scaled onto the
+        action space's bounds."""
         if not self._pending:
             raise RuntimeError("wait() without a request(): ask for actions first")
         if self._ready is not None:
             self._ready.synchronize()
         self._pending = False
-        return self._host_actions_view.copy()
+        both = self._host_actions_view.copy()
+        return both[:, : self.action_size], both[:, self.action_size :]

@@ -186,6 +186,9 @@ class ReplayBuffer:
                        for _ in range(2)]
             self._staging = [(t, t.numpy(), torch.cuda.Event() if pin else None)
                              for t in tensors]
+            # Fetched once: current_stream() costs more than the copy it orders. Adds are
+            # issued on the stream current at the first one.
+            self._stream = torch.cuda.current_stream(self.device) if pin else None
             self._staging_copied = [False, False]
         self._staging_turn ^= 1
         rows, view, copied = self._staging[self._staging_turn]
@@ -209,8 +212,7 @@ class ReplayBuffer:
             index = torch.arange(start, start + kept, device=self.device) % self.capacity
             self.storage.index_copy_(0, index, on_device)
         if non_blocking:
-            # With the device named, current_stream() skips a device query.
-            self._staging[self._staging_turn][2].record(torch.cuda.current_stream(self.device))
+            self._staging[self._staging_turn][2].record(self._stream)
             self._staging_copied[self._staging_turn] = True
         self._position = (self._position + n) % self.capacity
         if self._size < self.capacity:

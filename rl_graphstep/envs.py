@@ -15,14 +15,14 @@ import gymnasium as gym
 import numpy as np
 import torch
 from gymnasium import error as gym_error
-from gymnasium.vector import AutoresetMode, VectorEnv
-from gymnasium.wrappers.vector import RecordEpisodeStatistics
+from gymnasium.vector import AsyncVectorEnv, AutoresetMode, VectorEnv
 
 from rl_graphstep.errors import ConfigError, EnvError
 
 __all__ = [
+    "EnvStepper",
+    "EpisodeStatistics",
     "check_continuous_spaces",
-    "finished_episodes",
     "make_vec_env",
     "scale_action",
     "seed_everything",
@@ -34,10 +34,10 @@ __all__ = [
 def make_vec_env(
     env_id: str, *, num_envs: int = 1, seed: int, asynchronous: bool = False
 ) -> VectorEnv:
-    """Build `num_envs` copies of `env_id` as one vector env with episode statistics.
+    """Build `num_envs` copies of `env_id` as one vector env (in subprocesses when
+    `asynchronous`).
 
-    Autoreset is SAME_STEP (see the module docstring) and the env is wrapped in the vector
-    `RecordEpisodeStatistics`, so `finished_episodes(infos)` can read returns and lengths.
+    Autoreset is SAME_STEP (see the module docstring); `EpisodeStatistics` keeps the returns.
     The action space is seeded with `seed`; the env itself is not reset: the caller seeds it
     with its first `envs.reset(seed=seed)` (gymnasium gives copy i the seed `seed + i`).
 
@@ -61,7 +61,6 @@ def make_vec_env(
         if isinstance(exc, gym_error.UnregisteredEnv) or env_id not in gym.envs.registry:
             raise EnvError(_unknown_env_message(env_id)) from exc
         raise
-    envs = RecordEpisodeStatistics(envs)
     envs.action_space.seed(seed)
     envs.single_action_space.seed(seed)
     return envs
@@ -137,13 +136,63 @@ def true_next_observations(next_obs: np.ndarray, infos: dict) -> np.ndarray:
     return real
 
 
-def finished_episodes(infos: dict) -> list[tuple[float, int]]:
-    """(return, length) of each episode that ended this step, from RecordEpisodeStatistics."""
-    if "episode" not in infos:
-        return []
-    stats = infos["episode"]
-    done = np.flatnonzero(infos["_episode"])
-    return [(float(stats["r"][i]), int(stats["l"][i])) for i in done]
+class EpisodeStatistics:
+    """The return and length of each env's episode under way; `update` gives those that ended.
+
+    With SAME_STEP autoreset every step belongs to an episode, the one it ends included.
+    Kept by the loop rather than a wrapper around the env, so the env can be stepped in two
+    halves (`EnvStepper`) and the counts go into checkpoints as plain arrays.
+    """
+
+    def __init__(self, num_envs: int) -> None:
+        self.returns = np.zeros(num_envs)
+        self.lengths = np.zeros(num_envs, dtype=np.int64)
+
+    def update(self, rewards: np.ndarray, terminations: np.ndarray, truncations: np.ndarray
+               ) -> list[tuple[float, int]]:
+        """Count one step of every env; return (return, length) of each episode it ended."""
+        self.returns += rewards
+        self.lengths += 1
+        done = np.logical_or(terminations, truncations)
+        if not done.any():
+            return []
+        ended = [(float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(done)]
+        self.returns[done] = 0.0
+        self.lengths[done] = 0
+        return ended
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        return {"returns": self.returns.copy(), "lengths": self.lengths.copy()}
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        self.returns[:] = state["returns"]
+        self.lengths[:] = state["lengths"]
+
+
+class EnvStepper:
+    """Steps a vector env in two halves. `start(actions)` hands the actions over: an env in
+    subprocesses starts stepping at once, so the caller can do other work (launch the
+    updates) meanwhile; `finish()` returns the step's results. An in-process env steps in
+    `finish`."""
+
+    def __init__(self, envs: VectorEnv) -> None:
+        self.envs = envs
+        self.asynchronous = isinstance(envs.unwrapped, AsyncVectorEnv)
+        self._actions: np.ndarray | None = None
+
+    def start(self, actions: np.ndarray) -> None:
+        if self.asynchronous:
+            self.envs.unwrapped.step_async(actions)
+        else:
+            self._actions = actions
+
+    def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        if self.asynchronous:
+            return self.envs.unwrapped.step_wait()
+        if self._actions is None:
+            raise RuntimeError("finish() without start(): hand the actions over first")
+        actions, self._actions = self._actions, None
+        return self.envs.step(actions)
 
 
 def seed_everything(seed: int) -> None:

@@ -44,8 +44,9 @@ from rl_graphstep.config import (
     to_markdown_table,
 )
 from rl_graphstep.envs import (
+    EnvStepper,
+    EpisodeStatistics,
     check_continuous_spaces,
-    finished_episodes,
     make_vec_env,
     rng_state,
     scale_action,
@@ -151,6 +152,7 @@ class Progress:
     global_step: int = 0
     episodes: int = 0
     recent_returns: deque[float] = field(default_factory=lambda: deque(maxlen=10))
+    episode_stats: EpisodeStatistics = field(default_factory=lambda: EpisodeStatistics(1))
 
 
 def _pickled_envs(envs: gym.vector.VectorEnv) -> bytes | None:
@@ -173,6 +175,7 @@ def _checkpoint(cfg: Config, run_dir: Path, progress: Progress, agent: ActorCrit
         "global_step": progress.global_step,
         "episodes": progress.episodes,
         "recent_returns": list(progress.recent_returns),
+        "episode_stats": progress.episode_stats.state_dict(),
         "agent": agent.state_dict(),
         "rng": rng_state(),
         "envs": _pickled_envs(envs),
@@ -226,13 +229,14 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
     agent = algorithm(actor_net, critic_net, cfg, observation_size=observation_size,
                       action_size=action_size, device=device, use_graph=use_graph,
                       compile=resolve_compile(cfg, use_graph))
-    progress = Progress()
+    progress = Progress(episode_stats=EpisodeStatistics(cfg.num_envs))
     if resumed is None:
         observations, _ = envs.reset(seed=cfg.seed)
     else:
         envs, observations = _restore(resumed, agent, buffer, progress, envs)
 
     actions_pipe: ActionPipe | None = None  # built with the steps, at the first update
+    stepper = EnvStepper(envs)
     clock = LoopClock(progress.global_step)
     # A resumed run drops what the stopped one logged after its checkpoint (step + 1 on).
     purge_step = progress.global_step + 1 if resumed else None
@@ -244,37 +248,45 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
                   f"{buffer.describe()}"
                   + (f"; resumed at step {progress.global_step}" if resumed else "")
                   + (f"; later checkpoints moved to {set_aside}" if set_aside else ""))
+
+        def update() -> None:
+            for _ in range(cfg.updates_per_step):
+                logger.accumulate(agent.update_from(buffer))
+            if not cfg.overlap and device.type == "cuda":
+                torch.cuda.synchronize(device)
+
         while progress.global_step < cfg.total_timesteps:
             # len(buffer): a run resumed without its buffer first refills one batch.
             updating = (progress.global_step + cfg.num_envs > cfg.learning_starts
                         and len(buffer) >= cfg.batch_size)
             if updating and actions_pipe is None:
                 began = time.perf_counter()
-                actions_pipe = _build_steps(agent, buffer, cfg, observation_size, action_size)
+                actions_pipe = _build_steps(agent, buffer, cfg, action_space)
                 clock.build_seconds = time.perf_counter() - began
                 bar.write(f"updates: {_describe_mode(agent)}; built in "
                           f"{clock.build_seconds:.1f} s")
                 clock.start_learning(progress.global_step)
-            # The policy's action is queued first and the updates after it, so the host only
-            # waits for the action and steps the environment while the GPU updates.
+            # The policy's action is queued first and the updates after it, so waiting for
+            # the action never waits for the updates. The host then steps the environments
+            # while the GPU updates; envs in subprocesses step while the host launches them.
             acting = progress.global_step >= cfg.learning_starts and actions_pipe is not None
             if acting:
                 actions_pipe.request(observations)
-            if updating:
-                for _ in range(cfg.updates_per_step):
-                    logger.accumulate(agent.update_from(buffer))
-                if not cfg.overlap and device.type == "cuda":
-                    torch.cuda.synchronize(device)
+            if updating and not stepper.asynchronous:
+                update()
             if acting:
                 with clock.waiting():
-                    actions = actions_pipe.wait()
+                    actions, env_actions = actions_pipe.wait()
             else:
                 actions = np.random.uniform(-1.0, 1.0, (cfg.num_envs, action_size))
-
-            next_observations, rewards, terminations, _, infos = envs.step(
-                scale_action(actions, low, high))
+                env_actions = scale_action(actions, low, high)
+            stepper.start(env_actions)
+            if updating and stepper.asynchronous:
+                update()
+            next_observations, rewards, terminations, truncations, infos = stepper.finish()
             progress.global_step += cfg.num_envs
-            for episodic_return, length in finished_episodes(infos):
+            for episodic_return, length in progress.episode_stats.update(
+                    rewards, terminations, truncations):
                 logger.episode(progress.global_step, episodic_return, length)
                 progress.recent_returns.append(episodic_return)
                 progress.episodes += 1
@@ -308,12 +320,13 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
     }
 
 
-def _build_steps(agent: ActorCritic, buffer: ReplayBuffer, cfg: Config, observation_size: int,
-                 action_size: int) -> ActionPipe:
+def _build_steps(agent: ActorCritic, buffer: ReplayBuffer, cfg: Config,
+                 action_space: gym.spaces.Box) -> ActionPipe:
     """Capture (or wrap) the update steps, the replay sampling and the action selection:
     compiling is paid once, here."""
     agent.build(buffer)
-    pipe = ActionPipe(agent.explore, cfg.num_envs, observation_size, action_size, agent.device,
+    pipe = ActionPipe(agent.explore, cfg.num_envs, agent.observation_size, action_space,
+                      agent.device,
                       use_graph=agent.use_graph and (None if agent.graph_fallback else True))
     if agent.device.type == "cuda":
         torch.cuda.synchronize(agent.device)
@@ -374,6 +387,8 @@ def _restore(state: dict[str, Any], agent: ActorCritic, buffer: ReplayBuffer,
     progress.recent_returns.extend(state["recent_returns"])
     set_rng_state(state["rng"])
     if state.get("envs") is not None:
+        if state.get("episode_stats") is not None:
+            progress.episode_stats.load_state_dict(state["episode_stats"])
         envs.close()
         return pickle.loads(state["envs"]), state["observations"]
     warnings.warn("the environments could not be saved with the checkpoint; their episodes "

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from rl_graphstep.envs import (
+    EpisodeStatistics,
     check_continuous_spaces,
-    finished_episodes,
     make_vec_env,
     scale_action,
     seed_everything,
@@ -120,16 +120,18 @@ def test_truncation_final_observation_and_episode_statistics() -> None:
     try:
         envs.reset(seed=3)
         rewards_sum = np.zeros(2)
+        stats = EpisodeStatistics(2)
         for step in range(1, 201):
             next_obs, rewards, terminations, truncations, infos = envs.step(
                 envs.action_space.sample()
             )
             rewards_sum += rewards
+            episodes = stats.update(rewards, terminations, truncations)
             real_next = true_next_observations(next_obs, infos)
             if step < 200:
                 # Mid-episode the returned observation is the real one and nothing finished.
                 assert real_next is next_obs
-                assert finished_episodes(infos) == []
+                assert episodes == []
                 assert not truncations.any()
         # Pendulum never terminates; its TimeLimit truncates both copies at step 200.
         assert not terminations.any()
@@ -142,7 +144,6 @@ def test_truncation_final_observation_and_episode_statistics() -> None:
         # The final observation continues the trajectory: its angle (cos, sin) is unit-norm
         # and the reset one is what the buffer must NOT see.
         np.testing.assert_allclose(np.hypot(final[:, 0], final[:, 1]), 1.0, rtol=1e-5)
-        episodes = finished_episodes(infos)
         assert [length for _, length in episodes] == [200, 200]
         np.testing.assert_allclose([ret for ret, _ in episodes], rewards_sum, rtol=1e-5)
         assert all(isinstance(r, float) and isinstance(n, int) for r, n in episodes)
@@ -160,15 +161,6 @@ def test_true_next_observations_only_replaces_finished_envs() -> None:
     # The env's own array is left untouched.
     np.testing.assert_array_equal(next_obs[1], [2, 3])
     assert true_next_observations(next_obs, {}) is next_obs
-
-
-def test_finished_episodes_reads_only_masked_entries() -> None:
-    infos = {
-        "episode": {"r": np.array([1.5, -2.0, 3.0]), "l": np.array([10, 20, 30])},
-        "_episode": np.array([False, True, True]),
-    }
-    assert finished_episodes(infos) == [(-2.0, 20), (3.0, 30)]
-    assert finished_episodes({}) == []
 
 
 def test_seed_everything() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -14,6 +15,7 @@ from rl_graphstep.acting import ActionPipe
 from rl_graphstep.algorithms.sac import SAC
 from rl_graphstep.buffer import BatchSampler, ReplayBuffer
 from rl_graphstep.config import Config, load_config
+from rl_graphstep.envs import EnvStepper, EpisodeStatistics, make_vec_env, scale_action
 from rl_graphstep.errors import ConfigError
 from rl_graphstep.graphstep import EagerAdaptationStep
 from rl_graphstep.train import main, resolve_compile, train
@@ -114,17 +116,57 @@ def test_build_runs_no_update_and_consumes_no_random_numbers() -> None:
     assert isinstance(sac.critic_step, EagerAdaptationStep)
 
 
-def test_action_pipe_returns_the_policy_actions() -> None:
-    pipe = ActionPipe(lambda obs: obs[:, :1] * 2, 3, 2, 1, CPU)
+def test_action_pipe_returns_the_policy_actions_and_their_env_scaling() -> None:
+    space = gym.spaces.Box(np.array([-2.0]), np.array([6.0]), dtype=np.float32)
+    pipe = ActionPipe(lambda obs: (obs[:, :1] * 0.5).clamp(-1, 1), 3, 2, space, CPU)
     observations = np.array([[1.0, 0.0], [2.0, 0.0], [-1.5, 0.0]], np.float32)
     pipe.request(observations)
-    actions = pipe.wait()
-    np.testing.assert_array_equal(actions, [[2.0], [4.0], [-3.0]])
+    actions, env_actions = pipe.wait()
+    np.testing.assert_array_equal(actions, [[0.5], [1.0], [-0.75]])
+    np.testing.assert_allclose(env_actions, [[4.0], [6.0], [-1.0]])
+    # The scaling is the host's scale_action, to the last bit.
+    np.testing.assert_array_equal(env_actions, scale_action(actions, space.low, space.high))
     pipe.request(observations * 0)
-    np.testing.assert_array_equal(actions, [[2.0], [4.0], [-3.0]])  # a copy, not a view
-    np.testing.assert_array_equal(pipe.wait(), np.zeros((3, 1)))
+    np.testing.assert_array_equal(actions, [[0.5], [1.0], [-0.75]])  # copies, not views
+    np.testing.assert_array_equal(pipe.wait()[0], np.zeros((3, 1)))
     with pytest.raises(RuntimeError, match=r"wait\(\) without a request"):
         pipe.wait()
+
+
+def test_episode_statistics_count_every_step_of_each_env() -> None:
+    stats = EpisodeStatistics(2)
+    no = np.array([False, False])
+    assert stats.update(np.array([1.0, 2.0]), no, no) == []
+    assert stats.update(np.array([1.0, 2.0]), np.array([True, False]), no) == [(2.0, 2)]
+    assert stats.update(np.array([5.0, 2.0]), no, np.array([False, True])) == [(6.0, 3)]
+    state = stats.state_dict()
+    other = EpisodeStatistics(2)
+    other.load_state_dict(state)
+    assert other.update(np.array([1.0, 1.0]), np.array([True, True]), no) == [(6.0, 2),
+                                                                              (1.0, 1)]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_stepper_steps_in_two_halves(asynchronous: bool) -> None:
+    envs = make_vec_env("Pendulum-v1", num_envs=2, seed=4, asynchronous=asynchronous)
+    reference = make_vec_env("Pendulum-v1", num_envs=2, seed=4)
+    try:
+        stepper = EnvStepper(envs)
+        assert stepper.asynchronous is asynchronous
+        envs.reset(seed=4)
+        reference.reset(seed=4)
+        actions = np.full((2, 1), 0.5, np.float32)
+        stepper.start(actions)
+        observations, rewards, *_ = stepper.finish()
+        expected, expected_rewards, *_ = reference.step(actions)
+        np.testing.assert_allclose(observations, expected)
+        np.testing.assert_allclose(rewards, expected_rewards)
+        if not asynchronous:
+            with pytest.raises(RuntimeError, match=r"finish\(\) without start\(\)"):
+                stepper.finish()
+    finally:
+        envs.close()
+        reference.close()
 
 
 def test_compile_auto_only_for_graphs() -> None:

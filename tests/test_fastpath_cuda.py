@@ -123,7 +123,7 @@ def test_captured_action_selection_matches_eager_and_is_fresh() -> None:
     torch.manual_seed(0)
     actor = SquashedGaussianActor(OBS, ACT, (64, 64)).to(DEVICE)
     policy = lambda obs: actor(obs)[0]  # noqa: E731
-    pipes = {g: ActionPipe(policy, 4, 17, 6, DEVICE, use_graph=g) for g in (True, False)}
+    pipes = {g: ActionPipe(policy, 4, 17, ACT, DEVICE, use_graph=g) for g in (True, False)}
     assert pipes[True].graph is not None and pipes[False].graph is None
     observations = np.random.default_rng(0).normal(size=(4, 17)).astype(np.float32)
     actions = {}
@@ -132,7 +132,7 @@ def test_captured_action_selection_matches_eager_and_is_fresh() -> None:
         actions[use_graph] = []
         for _ in range(3):
             pipe.request(observations)
-            actions[use_graph].append(pipe.wait())
+            actions[use_graph].append(np.concatenate(pipe.wait(), axis=1))
     np.testing.assert_allclose(np.stack(actions[True]), np.stack(actions[False]), rtol=1e-5,
                                atol=1e-6)
     assert not np.array_equal(actions[True][0], actions[True][1])  # fresh noise per replay
@@ -145,11 +145,11 @@ def test_a_syncing_policy_is_named_or_acted_eagerly() -> None:
 
     with pytest.raises(CaptureError, match=r"could not capture the policy's action selection "
                                            r"\(at tests/test_fastpath_cuda.py:\d+"):
-        ActionPipe(syncing, 2, 17, 6, DEVICE, use_graph=True)
+        ActionPipe(syncing, 2, 17, ACT, DEVICE, use_graph=True)
     with pytest.warns(UserWarning, match="selecting actions eagerly instead"):
-        pipe = ActionPipe(syncing, 2, 17, 6, DEVICE, use_graph=None)
+        pipe = ActionPipe(syncing, 2, 17, ACT, DEVICE, use_graph=None)
     pipe.request(np.ones((2, 17), np.float32))
-    np.testing.assert_allclose(pipe.wait(), np.ones((2, 6)))
+    np.testing.assert_allclose(pipe.wait()[0], np.ones((2, 6)))
     torch.zeros(1, device=DEVICE).add_(1)  # CUDA still works after the failed capture
 
 
