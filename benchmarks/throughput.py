@@ -120,9 +120,15 @@ def main() -> None:
                         help="also list each mode's kernels per update by name")
     parser.add_argument("--profile-host", metavar="MODE", choices=list(MODES),
                         help="instead: profile the host side of one mode's loop (cProfile)")
+    parser.add_argument("--host-split", metavar="MODE", nargs="+", choices=list(MODES),
+                        help="instead: time the parts of each mode's loop (µs per env step)")
     args = parser.parse_args()
     if args.profile_host:
         profile_host(args.envs[0], MODES[args.profile_host], args.steps, args.learning_starts)
+        return
+    if args.host_split:
+        for mode in args.host_split:
+            host_split(args.envs[0], mode, args.steps, args.learning_starts)
         return
     if not torch.cuda.is_available():
         raise SystemExit("throughput.py measures the GPU loop: it needs CUDA")
@@ -168,6 +174,79 @@ def profile_host(env_id: str, flags: list[str], steps: int, learning_starts: int
         loop._build_steps = build
     print(f"{env_id} {' '.join(flags)}: {summary['learning_sps']:.0f} steps/s under cProfile")
     pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
+
+
+def host_split(env_id: str, mode: str, steps: int, learning_starts: int) -> None:
+    """Wall µs per env step of the learning phase, by part of the loop: each part's calls
+    are wrapped in a timer (about 0.2 µs each), the rest is the loop's own code. Graph
+    launches are also counted alone, whoever makes them."""
+    import rl_graphstep.train as loop
+    from rl_graphstep.acting import ActionPipe
+    from rl_graphstep.algorithms.base import ActorCritic
+    from rl_graphstep.envs import EnvStepper, EpisodeStatistics
+    from rl_graphstep.logger import Logger
+
+    totals: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    learning = [False]
+    patched: list[tuple[object, str, object]] = []
+
+    def timed(owner: object, name: str, label: str) -> None:
+        original = getattr(owner, name)
+
+        def wrapper(*args: object, **kwargs: object) -> object:
+            if not learning[0]:
+                return original(*args, **kwargs)
+            began = time.perf_counter_ns()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                totals[label] = totals.get(label, 0) + time.perf_counter_ns() - began
+                counts[label] = counts.get(label, 0) + 1
+
+        patched.append((owner, name, original))
+        setattr(owner, name, wrapper)
+
+    for owner, name, label in [
+        (ActionPipe, "request", "action: request (copy in, replay, copy out)"),
+        (ActionPipe, "wait", "action: wait"),
+        (ActorCritic, "update_from", "updates: update_from"),
+        (Logger, "accumulate", "updates: logger.accumulate"),
+        (EnvStepper, "start", "env: start"),
+        (EnvStepper, "finish", "env: finish (the step)"),
+        (EpisodeStatistics, "update", "env: episode statistics"),
+        (loop, "true_next_observations", "buffer: true next observations"),
+        (ReplayBuffer, "add", "buffer: add"),
+        (loop, "_log", "logging"),
+        (torch.cuda.CUDAGraph, "replay", "  of which graph replays"),
+    ]:
+        timed(owner, name, label)
+    build = loop._build_steps
+
+    def build_then_time(*args: object, **kwargs: object) -> object:
+        pipe = build(*args, **kwargs)
+        learning[0] = True
+        return pipe
+
+    loop._build_steps = build_then_time
+    try:
+        with tempfile.TemporaryDirectory() as log_dir:
+            summary = run_loop(env_id, MODES[mode], steps, learning_starts, log_dir)
+    finally:
+        loop._build_steps = build
+        for owner, name, original in patched:
+            setattr(owner, name, original)
+    learning_steps = steps - learning_starts
+    per_step = 1e6 / summary["learning_sps"]
+    print(f"\n{env_id} {mode}: {summary['learning_sps']:,.0f} steps/s, {per_step:,.0f} µs "
+          f"per env step, over {learning_steps} steps")
+    parts = 0.0
+    for label, total in totals.items():
+        us = total / 1e3 / learning_steps
+        if not label.startswith(" "):
+            parts += us
+        print(f"  {label:48s} {us:8.1f} µs  ({counts[label] / learning_steps:.2f} calls)")
+    print(f"  {'the loop itself (the rest)':48s} {per_step - parts:8.1f} µs")
 
 
 def print_table(env_id: str, rows: list[Row]) -> None:

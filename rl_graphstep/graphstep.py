@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import types
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -195,6 +196,24 @@ class NonFiniteGuard:
         self.consecutive.zero_()
 
 
+# Compiled versions allowed per code object while a step compiles (torch's default is 8).
+_RECOMPILE_LIMIT = 1024
+
+
+def _own_code(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` rebuilt on a copy of its code object.
+
+    ``torch.compile`` keeps compiled versions per code object, guarded on the objects they
+    read (this body's module and optimizer), and stops compiling a code object after
+    ``recompile_limit`` (8) versions. All bodies share their methods' code, so without a copy
+    the ninth step built in a process would silently run uncompiled."""
+    function = method.__func__
+    code = function.__code__.replace()
+    fresh = types.FunctionType(code, function.__globals__, function.__name__,
+                               function.__defaults__, function.__closure__)
+    return types.MethodType(fresh, method.__self__)
+
+
 class _UpdateBody:
     """The update both steps run: zero grads, forward, loss, backward, transform, step.
 
@@ -233,7 +252,7 @@ class _UpdateBody:
         }
         if compile:
             for part in self._parts.values():
-                part[0] = torch.compile(part[1])
+                part[0] = torch.compile(_own_code(part[1]))
         self._first_call_done = False
 
     def _forward_loss(self, inputs: Tensor, targets: Tensor) -> Tensor:
@@ -266,7 +285,12 @@ class _UpdateBody:
         if part[2]:
             return part[0](*args)
         try:
-            result = part[0](*args)
+            # Compiling happens here. Code the compiler reaches through a graph break (the
+            # optimizer's own step wrapper, say) is shared by all steps and guarded on each
+            # one's optimizer: lift the per-code limit of compiled versions for this call, or
+            # the ninth step built in a process would run that code uncompiled.
+            with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
+                result = part[0](*args)
         except Exception as error:
             cause = _root_cause(error)
             warnings.warn(

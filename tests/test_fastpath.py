@@ -298,3 +298,28 @@ def test_a_capture_failure_falls_back_to_eager_and_uncompiled(monkeypatch: pytes
         sac.update(ROWS)
     assert (sac.use_graph, sac.compile) == (False, False)
     assert calls == [(True, True), (False, False), (False, False)]  # critic, then both eager
+
+
+def test_every_step_built_in_one_process_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile keeps at most 8 compiled versions of one code object, and all steps run
+    the same code guarded on their own optimizer: the tenth step built in a process (a sweep,
+    a benchmark, a test session) must still be compiled, not silently run uncompiled."""
+    from torch._dynamo.utils import counters
+
+    real = torch.compile
+    # The eager backend traces as the real one does but generates no code: fast on a CPU.
+    monkeypatch.setattr(torch, "compile", lambda function, **_: real(function, backend="eager"))
+    torch._dynamo.reset()
+    graphs_per_step = []
+    for _ in range(10):
+        module = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.Adam(module.parameters(), lr=0.1)
+        inputs, targets = torch.randn(8, 3), torch.randn(8, 1)
+        step = EagerAdaptationStep.capture(module, optimizer, inputs, targets,
+                                           torch.nn.functional.mse_loss, compile=True)
+        before = counters["stats"]["unique_graphs"]
+        for _ in range(3):  # the first call runs uncompiled
+            step(inputs, targets)
+        graphs_per_step.append(counters["stats"]["unique_graphs"] - before)
+    assert graphs_per_step[0] >= 2  # forward + loss, and the optimizer part
+    assert graphs_per_step == [graphs_per_step[0]] * 10
