@@ -33,11 +33,14 @@ MODES: dict[str, list[str]] = {
     "eager": ["--graph", "off"],
     "graph": ["--graph", "on", "--compile", "off", "--no-overlap"],
     "graph+compile": ["--graph", "on", "--compile", "on", "--no-overlap"],
-    "graph+overlap": ["--graph", "on", "--compile", "off"],
-    "graph+compile+overlap (default)": ["--graph", "on", "--compile", "on"],
-    # The env in a subprocess, stepping while the host launches the updates.
-    "default+async-env": ["--graph", "on", "--compile", "on", "--async-envs"],
+    "graph+overlap": ["--graph", "on", "--compile", "off", "--env-worker", "off"],
+    "graph+compile+overlap": ["--graph", "on", "--compile", "on", "--env-worker", "off"],
+    # The envs step in a worker process while the host launches the updates.
+    "graph+compile+overlap+env worker (default)": ["--graph", "on", "--compile", "on"],
+    # The same with gymnasium's AsyncVectorEnv (a process per env, results pickled).
+    "graph+compile+overlap+async envs": ["--graph", "on", "--compile", "on", "--async-envs"],
 }
+DEFAULT_MODES = [m for m in MODES if "async" not in m]
 
 
 @dataclass
@@ -115,7 +118,7 @@ def main() -> None:
     parser.add_argument("--learning-starts", type=int, default=1_000)
     parser.add_argument("--updates", type=int, default=2_000,
                         help="updates timed alone per mode")
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    parser.add_argument("--modes", nargs="+", default=DEFAULT_MODES, choices=list(MODES))
     parser.add_argument("--breakdown", action="store_true",
                         help="also list each mode's kernels per update by name")
     parser.add_argument("--profile-host", metavar="MODE", choices=list(MODES),
@@ -213,7 +216,7 @@ def host_split(env_id: str, mode: str, steps: int, learning_starts: int) -> None
         (ActorCritic, "update_from", "updates: update_from"),
         (Logger, "accumulate", "updates: logger.accumulate"),
         (EnvStepper, "start", "env: start"),
-        (EnvStepper, "finish", "env: finish (the step)"),
+        (EnvStepper, "finish", "env: finish (the step, or the wait for it)"),
         (EpisodeStatistics, "update", "env: episode statistics"),
         (loop, "true_next_observations", "buffer: true next observations"),
         (ReplayBuffer, "add", "buffer: add"),

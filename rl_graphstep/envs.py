@@ -17,6 +17,7 @@ import torch
 from gymnasium import error as gym_error
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, VectorEnv
 
+from rl_graphstep.envworker import EnvWorker
 from rl_graphstep.errors import ConfigError, EnvError
 
 __all__ = [
@@ -170,25 +171,32 @@ class EpisodeStatistics:
 
 
 class EnvStepper:
-    """Steps a vector env in two halves. `start(actions)` hands the actions over: an env in
-    subprocesses starts stepping at once, so the caller can do other work (launch the
-    updates) meanwhile; `finish()` returns the step's results. An in-process env steps in
-    `finish`."""
+    """Steps a vector env in two halves. `start(actions)` hands the actions over: envs in
+    other processes (`EnvWorker`, an `AsyncVectorEnv`) start stepping at once, so the caller
+    can do other work (launch the updates) meanwhile; `finish()` returns the step's results.
+    An in-process env steps in `finish`."""
 
-    def __init__(self, envs: VectorEnv) -> None:
+    def __init__(self, envs: VectorEnv | EnvWorker) -> None:
         self.envs = envs
-        self.asynchronous = isinstance(envs.unwrapped, AsyncVectorEnv)
+        self._worker = envs if isinstance(envs, EnvWorker) else None
+        self._async = (envs.unwrapped if self._worker is None
+                       and isinstance(envs.unwrapped, AsyncVectorEnv) else None)
+        self.asynchronous = self._worker is not None or self._async is not None
         self._actions: np.ndarray | None = None
 
     def start(self, actions: np.ndarray) -> None:
-        if self.asynchronous:
-            self.envs.unwrapped.step_async(actions)
+        if self._worker is not None:
+            self._worker.start(actions)
+        elif self._async is not None:
+            self._async.step_async(actions)
         else:
             self._actions = actions
 
     def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
-        if self.asynchronous:
-            return self.envs.unwrapped.step_wait()
+        if self._worker is not None:
+            return self._worker.finish()
+        if self._async is not None:
+            return self._async.step_wait()
         if self._actions is None:
             raise RuntimeError("finish() without start(): hand the actions over first")
         actions, self._actions = self._actions, None

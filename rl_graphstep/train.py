@@ -54,6 +54,7 @@ from rl_graphstep.envs import (
     set_rng_state,
     true_next_observations,
 )
+from rl_graphstep.envworker import EnvWorker
 from rl_graphstep.errors import ConfigError, RLGraphstepError
 from rl_graphstep.logger import Logger, run_name
 from rl_graphstep.plugins import build_network, check_actor, check_critic
@@ -103,6 +104,14 @@ def resolve_compile(cfg: Config, use_graph: bool | None) -> bool | None:
     if cfg.compile == "auto":
         return None if use_graph is not False else False
     return cfg.compile == "on"
+
+
+def resolve_env_worker(cfg: Config, use_graph: bool | None) -> bool:
+    """``on``/``off`` as given; ``auto``: on when the loop is host-bound and overlaps, i.e.
+    with CUDA graphs and overlap and no gymnasium subprocesses already."""
+    if cfg.env_worker == "auto":
+        return use_graph is not False and cfg.overlap and not cfg.async_envs
+    return cfg.env_worker == "on"
 
 
 def make_networks(algorithm: type[ActorCritic], cfg: Config, observation_space: gym.Space,
@@ -155,7 +164,9 @@ class Progress:
     episode_stats: EpisodeStatistics = field(default_factory=lambda: EpisodeStatistics(1))
 
 
-def _pickled_envs(envs: gym.vector.VectorEnv) -> bytes | None:
+def _pickled_envs(envs: gym.vector.VectorEnv | EnvWorker) -> bytes | None:
+    if isinstance(envs, EnvWorker):
+        return envs.state()
     # A sync vector env of pure-Python envs pickles with its full state (exact resume);
     # cloudpickle (gymnasium's own dependency) because gymnasium builds them from closures.
     # Others (subprocesses, simulators with native handles) restart their episodes instead.
@@ -230,10 +241,12 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
                       action_size=action_size, device=device, use_graph=use_graph,
                       compile=resolve_compile(cfg, use_graph))
     progress = Progress(episode_stats=EpisodeStatistics(cfg.num_envs))
+    if resumed is not None:
+        envs, observations = _restore(resumed, agent, buffer, progress, envs)
+    if resolve_env_worker(cfg, use_graph):
+        envs = EnvWorker(envs)
     if resumed is None:
         observations, _ = envs.reset(seed=cfg.seed)
-    else:
-        envs, observations = _restore(resumed, agent, buffer, progress, envs)
 
     actions_pipe: ActionPipe | None = None  # built with the steps, at the first update
     stepper = EnvStepper(envs)
@@ -243,7 +256,7 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
     bar = tqdm(total=cfg.total_timesteps, initial=progress.global_step,
                disable=not cfg.progress, unit="step", dynamic_ncols=True)
     with Logger(run_dir, to_markdown_table(cfg), purge_step=purge_step) as logger, bar, \
-            stop_requests() as stops:
+            stop_requests() as stops, contextlib.closing(envs):
         bar.write(f"{run_dir}: {cfg.algo.upper()} on {cfg.env_id}, {device}; "
                   f"{buffer.describe()}"
                   + (f"; resumed at step {progress.global_step}" if resumed else "")
@@ -307,7 +320,6 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
                     stops[0], f"{name} at step {step}: checkpoint {saved} saved and logs "
                     f"flushed; continue with --resume {run_dir}")
 
-    envs.close()
     return {
         "run_dir": str(run_dir),
         "global_step": progress.global_step,
@@ -316,6 +328,7 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
                                 if progress.recent_returns else None),
         "graph": agent.use_graph,
         "compile": agent.compile,
+        "env_worker": isinstance(envs, EnvWorker),
         **clock.summary(progress.global_step),
     }
 

@@ -3,12 +3,15 @@ training process."""
 
 from __future__ import annotations
 
+import os
+import pickle
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -51,6 +54,25 @@ def test_resume_continues_bit_for_bit(algo: str, tmp_path: Path) -> None:
     assert straight["agent"]["updates"] == 600
     assert_same_state(straight["agent"], halves["agent"])
     assert_same_state(straight["recent_returns"], halves["recent_returns"])
+
+
+def test_a_run_stepped_in_the_env_worker_is_the_same_run(tmp_path: Path) -> None:
+    """The worker changes where the envs step, nothing else: a run stepped in it and resumed
+    half-way in process ends exactly as a run stepped in process throughout."""
+    args = [*SMALL, "--log-dir", str(tmp_path)]
+    train(load_config([*args, "--total-timesteps", "800", "--run-name", "straight"]))
+    summary = train(load_config([*args, "--total-timesteps", "400", "--run-name", "halves",
+                                 "--env-worker", "on"]))
+    assert summary["env_worker"] is True
+    assert main(["--resume", str(tmp_path / "halves"), "--total-timesteps", "800",
+                 "--env-worker", "off"]) == 0
+    straight = load_checkpoint(tmp_path / "straight")
+    halves = load_checkpoint(tmp_path / "halves")
+    assert_same_state(straight["agent"], halves["agent"])
+    assert_same_state(straight["recent_returns"], halves["recent_returns"])
+    envs = [pickle.loads(run["envs"]) for run in (straight, halves)]
+    actions = np.full((1, 1), 0.7)
+    np.testing.assert_array_equal(envs[0].step(actions)[0], envs[1].step(actions)[0])
 
 
 def test_resume_continues_the_log_without_gaps_or_repeats(tmp_path: Path) -> None:
@@ -116,6 +138,23 @@ def test_a_signal_saves_flushes_and_resumes(signum: int, code: int, tmp_path: Pa
     assert main(["--resume", str(tmp_path / "run"), "--total-timesteps",
                  str(stopped_at + 100)]) == 0
     assert load_checkpoint(tmp_path / "run")["global_step"] == stopped_at + 100
+
+
+def test_ctrl_c_to_the_process_group_spares_the_env_worker(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches every process of the group, the env worker too: it must
+    live on so the checkpoint can take the envs' state from it."""
+    args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--env-worker", "on"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rl_graphstep.train", *args, "--total-timesteps", "100000"],
+        cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "run").glob("events.*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)
+    os.killpg(process.pid, signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert load_checkpoint(tmp_path / "run")["envs"] is not None
 
 
 def test_a_new_run_never_overwrites_an_existing_one(tmp_path: Path,
