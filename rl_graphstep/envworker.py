@@ -4,7 +4,8 @@ the updates.
 gymnasium's ``AsyncVectorEnv`` puts each env in its own process and pickles every step's
 results through a pipe; here one worker runs the whole (sync) vector env, the step's arrays
 cross through shared memory, and only a byte goes each way per step. Stepping is the same
-code as in-process, so a run is the same run either way, checkpoints included.
+code as in-process, so a run is the same run either way, checkpoints included. While
+training, the worker keeps one CPU core busy polling for the next step.
 
 Only what the training loop reads crosses back: observations, rewards, terminations,
 truncations, and the final observations of the episodes that ended (``infos["final_obs"]``
@@ -17,6 +18,7 @@ import ctypes
 import multiprocessing as mp
 import pickle
 import signal
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -64,6 +66,20 @@ def _size(layout: dict[str, tuple[np.dtype, tuple[int, ...]]]) -> int:
                for dtype, shape in layout.values())
 
 
+# How long a side polls the pipe before it blocks on it. Training hands a step over every few
+# hundred microseconds; waking a blocked process takes tens of them, so both sides spin
+# through that and block only when idle (a checkpoint, the end).
+_SPIN_SECONDS = 0.005
+
+
+def _receive(connection: Connection) -> bytes:
+    """The next message, polled for up to ``_SPIN_SECONDS`` before blocking."""
+    deadline = time.perf_counter() + _SPIN_SECONDS
+    while not connection.poll() and time.perf_counter() < deadline:
+        pass
+    return connection.recv_bytes()
+
+
 def _serve(connection: Connection, pickled_envs: bytes, memory: Any,
            layout: dict[str, tuple[np.dtype, tuple[int, ...]]]) -> None:
     """The worker: runs commands until told to close or the parent goes away."""
@@ -75,7 +91,7 @@ def _serve(connection: Connection, pickled_envs: bytes, memory: Any,
     shared = _views(memory, layout)
     while True:
         try:
-            command = connection.recv_bytes()
+            command = _receive(connection)
         except (EOFError, OSError):  # the parent is gone
             envs.close()
             return
@@ -222,7 +238,7 @@ class EnvWorker:
 
     def _reply(self, what: str) -> None:
         try:
-            reply = self._connection.recv_bytes()
+            reply = _receive(self._connection)
         except (EOFError, OSError):
             raise self._died(what) from None
         if reply != _DONE:
