@@ -33,10 +33,10 @@ MODES: dict[str, list[str]] = {
     "eager": ["--graph", "off"],
     "graph": ["--graph", "on", "--compile", "off", "--no-overlap"],
     "graph+compile": ["--graph", "on", "--compile", "on", "--no-overlap"],
-    "graph+overlap": ["--graph", "on", "--compile", "off", "--env-worker", "off"],
-    "graph+compile+overlap": ["--graph", "on", "--compile", "on", "--env-worker", "off"],
+    "graph+overlap": ["--graph", "on", "--compile", "off"],
+    "graph+compile+overlap (default)": ["--graph", "on", "--compile", "on"],
     # The envs step in a worker process while the host launches the updates.
-    "graph+compile+overlap+env worker (default)": ["--graph", "on", "--compile", "on"],
+    "graph+compile+overlap+env worker": ["--graph", "on", "--compile", "on", "--env-worker"],
     # The same with gymnasium's AsyncVectorEnv (a process per env, results pickled).
     "graph+compile+overlap+async envs": ["--graph", "on", "--compile", "on", "--async-envs"],
 }

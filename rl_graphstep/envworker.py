@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing as mp
+import os
 import pickle
 import signal
 import time
@@ -72,11 +73,17 @@ def _size(layout: dict[str, tuple[np.dtype, tuple[int, ...]]]) -> int:
 _SPIN_SECONDS = 0.005
 
 
-def _receive(connection: Connection) -> bytes:
-    """The next message, polled for up to ``_SPIN_SECONDS`` before blocking."""
+def _receive(connection: Connection, parent: int | None = None) -> bytes:
+    """The next message, polled for up to ``_SPIN_SECONDS`` before blocking. Given the
+    ``parent``'s pid, a blocked wait checks every second that the parent still lives: one
+    killed outright may leave its end of the pipe open in other processes it forked."""
     deadline = time.perf_counter() + _SPIN_SECONDS
-    while not connection.poll() and time.perf_counter() < deadline:
-        pass
+    while not connection.poll():
+        if time.perf_counter() >= deadline:
+            while not connection.poll(1.0):
+                if parent is not None and os.getppid() != parent:
+                    raise EOFError("the parent process is gone")
+            break
     return connection.recv_bytes()
 
 
@@ -87,11 +94,12 @@ def _serve(connection: Connection, pickled_envs: bytes, memory: Any,
     # checkpoint, which asks this worker for the envs' state), so the worker must live on.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    parent = os.getppid()
     envs: VectorEnv = pickle.loads(pickled_envs)
     shared = _views(memory, layout)
     while True:
         try:
-            command = _receive(connection)
+            command = _receive(connection, parent)
         except (EOFError, OSError):  # the parent is gone
             envs.close()
             return

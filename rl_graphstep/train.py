@@ -106,14 +106,6 @@ def resolve_compile(cfg: Config, use_graph: bool | None) -> bool | None:
     return cfg.compile == "on"
 
 
-def resolve_env_worker(cfg: Config, use_graph: bool | None) -> bool:
-    """``on``/``off`` as given; ``auto``: on when the loop is host-bound and overlaps, i.e.
-    with CUDA graphs and overlap and no gymnasium subprocesses already."""
-    if cfg.env_worker == "auto":
-        return use_graph is not False and cfg.overlap and not cfg.async_envs
-    return cfg.env_worker == "on"
-
-
 def make_networks(algorithm: type[ActorCritic], cfg: Config, observation_space: gym.Space,
                   action_space: gym.Space, device: torch.device, actor: NetworkSpec = None,
                   critic: NetworkSpec = None) -> tuple[nn.Module, nn.Module]:
@@ -243,7 +235,7 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
     progress = Progress(episode_stats=EpisodeStatistics(cfg.num_envs))
     if resumed is not None:
         envs, observations = _restore(resumed, agent, buffer, progress, envs)
-    if resolve_env_worker(cfg, use_graph):
+    if cfg.env_worker:
         envs = EnvWorker(envs)
     if resumed is None:
         observations, _ = envs.reset(seed=cfg.seed)

@@ -12,7 +12,6 @@ from rl_graphstep.config import load_config
 from rl_graphstep.envs import EnvStepper, make_vec_env, true_next_observations
 from rl_graphstep.envworker import EnvWorker
 from rl_graphstep.errors import ConfigError, EnvError
-from rl_graphstep.train import resolve_env_worker
 
 
 class FailingEnv(gym.Env):
@@ -110,15 +109,37 @@ def test_its_state_is_the_envs_state() -> None:
     assert not worker._process.is_alive()
 
 
-def test_auto_is_on_only_for_the_overlapped_graph_loop() -> None:
-    base = ["--env", "Pendulum-v1"]
-    assert resolve_env_worker(load_config(base), use_graph=True)
-    assert resolve_env_worker(load_config(base), use_graph=None)  # graphs if they capture
-    assert not resolve_env_worker(load_config(base), use_graph=False)
-    assert not resolve_env_worker(load_config([*base, "--no-overlap"]), use_graph=True)
-    assert not resolve_env_worker(load_config([*base, "--async-envs"]), use_graph=True)
-    assert resolve_env_worker(load_config([*base, "--env-worker", "on"]), use_graph=False)
-    assert not resolve_env_worker(load_config([*base, "--env-worker", "off"]), use_graph=True)
-    with pytest.raises(ConfigError, match="--env-worker on and --async-envs both step the "
+def test_it_cannot_be_combined_with_gymnasiums_subprocesses() -> None:
+    with pytest.raises(ConfigError, match="--env-worker and --async-envs both step the "
                                           "environments in other processes; pick one"):
-        load_config([*base, "--env-worker", "on", "--async-envs"])
+        load_config(["--env", "Pendulum-v1", "--env-worker", "--async-envs"])
+
+
+def test_the_worker_ends_when_its_parent_is_killed() -> None:
+    """A parent killed outright (no close, no atexit) leaves no worker behind."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = ("import os, signal, numpy as np\n"
+              "from rl_graphstep.envs import make_vec_env\n"
+              "from rl_graphstep.envworker import EnvWorker\n"
+              "w = EnvWorker(make_vec_env('Pendulum-v1', num_envs=1, seed=0))\n"
+              "w.reset(seed=0); w.step(np.zeros((1, 1)))\n"
+              "print(w._process.pid, flush=True)\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")
+    parent = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=60)
+    assert parent.returncode == -signal.SIGKILL, parent.stderr
+    worker = int(parent.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(worker, signal.SIGKILL)
+    raise AssertionError("the env worker outlived its killed parent by 10 s")

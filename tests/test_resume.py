@@ -62,10 +62,10 @@ def test_a_run_stepped_in_the_env_worker_is_the_same_run(tmp_path: Path) -> None
     args = [*SMALL, "--log-dir", str(tmp_path)]
     train(load_config([*args, "--total-timesteps", "800", "--run-name", "straight"]))
     summary = train(load_config([*args, "--total-timesteps", "400", "--run-name", "halves",
-                                 "--env-worker", "on"]))
+                                 "--env-worker"]))
     assert summary["env_worker"] is True
     assert main(["--resume", str(tmp_path / "halves"), "--total-timesteps", "800",
-                 "--env-worker", "off"]) == 0
+                 "--no-env-worker"]) == 0
     straight = load_checkpoint(tmp_path / "straight")
     halves = load_checkpoint(tmp_path / "halves")
     assert_same_state(straight["agent"], halves["agent"])
@@ -82,6 +82,9 @@ def test_resume_continues_the_log_without_gaps_or_repeats(tmp_path: Path) -> Non
     # after step 300 are replaced, not doubled.
     first = list_checkpoints(tmp_path / "run")[0]
     assert first.name == "step_000000000300.pt"
+    # Readers order event files by name, which starts with the second it was made in and
+    # ends with a per-process counter: two in one second of one process can sort wrongly.
+    time.sleep(1.0)
     assert main(["--resume", str(first), "--total-timesteps", "600"]) == 0
     events = EventAccumulator(str(tmp_path / "run"))
     events.Reload()
@@ -143,7 +146,7 @@ def test_a_signal_saves_flushes_and_resumes(signum: int, code: int, tmp_path: Pa
 def test_ctrl_c_to_the_process_group_spares_the_env_worker(tmp_path: Path) -> None:
     """A terminal's Ctrl-C reaches every process of the group, the env worker too: it must
     live on so the checkpoint can take the envs' state from it."""
-    args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--env-worker", "on"]
+    args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--env-worker"]
     process = subprocess.Popen(
         [sys.executable, "-m", "rl_graphstep.train", *args, "--total-timesteps", "100000"],
         cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
