@@ -58,13 +58,17 @@ def _views(memory: Any, layout: dict[str, tuple[np.dtype, tuple[int, ...]]]
         count = int(np.prod(shape))
         views[name] = np.frombuffer(memory, dtype=dtype, count=count, offset=offset
                                     ).reshape(shape)
-        offset += -(-count * dtype.itemsize // 8) * 8  # keep every array 8-byte aligned
+        offset += _aligned_bytes(dtype, shape)
     return views
 
 
+def _aligned_bytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:
+    """An array's bytes rounded up to 8, so the next one starts aligned."""
+    return -(-int(np.prod(shape)) * dtype.itemsize // 8) * 8
+
+
 def _size(layout: dict[str, tuple[np.dtype, tuple[int, ...]]]) -> int:
-    return sum(-(-int(np.prod(shape)) * dtype.itemsize // 8) * 8
-               for dtype, shape in layout.values())
+    return sum(_aligned_bytes(dtype, shape) for dtype, shape in layout.values())
 
 
 # How long a side polls the pipe before it blocks on it. Training hands a step over every few
