@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -151,6 +152,27 @@ def main() -> None:
             print_table(env_id, rows)
 
 
+def run_loop_learning(env_id: str, flags: list[str], steps: int, learning_starts: int,
+                      on_learning: Callable[[], object]) -> dict:
+    """:func:`run_loop`, calling ``on_learning()`` once the steps are built (capture and
+    compilation done), as the learning phase begins."""
+    import rl_graphstep.train as loop
+
+    build = loop._build_steps
+
+    def build_then_signal(*args: object, **kwargs: object) -> object:
+        pipe = build(*args, **kwargs)
+        on_learning()
+        return pipe
+
+    loop._build_steps = build_then_signal
+    try:
+        with tempfile.TemporaryDirectory() as log_dir:
+            return run_loop(env_id, flags, steps, learning_starts, log_dir)
+    finally:
+        loop._build_steps = build
+
+
 def profile_host(env_id: str, flags: list[str], steps: int, learning_starts: int) -> None:
     """Where the loop's host time goes during learning: cProfile from the moment the steps
     are built (compilation excluded), by own time. The profiler inflates Python-heavy
@@ -158,23 +180,11 @@ def profile_host(env_id: str, flags: list[str], steps: int, learning_starts: int
     import cProfile
     import pstats
 
-    import rl_graphstep.train as loop
-
     profiler = cProfile.Profile()
-    build = loop._build_steps
-
-    def build_then_profile(*args: object, **kwargs: object) -> object:
-        pipe = build(*args, **kwargs)
-        profiler.enable()
-        return pipe
-
-    loop._build_steps = build_then_profile
     try:
-        with tempfile.TemporaryDirectory() as log_dir:
-            summary = run_loop(env_id, flags, steps, learning_starts, log_dir)
+        summary = run_loop_learning(env_id, flags, steps, learning_starts, profiler.enable)
     finally:
         profiler.disable()
-        loop._build_steps = build
     print(f"{env_id} {' '.join(flags)}: {summary['learning_sps']:.0f} steps/s under cProfile")
     pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
 
@@ -224,19 +234,10 @@ def host_split(env_id: str, mode: str, steps: int, learning_starts: int) -> None
         (torch.cuda.CUDAGraph, "replay", "  of which graph replays"),
     ]:
         timed(owner, name, label)
-    build = loop._build_steps
-
-    def build_then_time(*args: object, **kwargs: object) -> object:
-        pipe = build(*args, **kwargs)
-        learning[0] = True
-        return pipe
-
-    loop._build_steps = build_then_time
     try:
-        with tempfile.TemporaryDirectory() as log_dir:
-            summary = run_loop(env_id, MODES[mode], steps, learning_starts, log_dir)
+        summary = run_loop_learning(env_id, MODES[mode], steps, learning_starts,
+                                    lambda: learning.__setitem__(0, True))
     finally:
-        loop._build_steps = build
         for owner, name, original in patched:
             setattr(owner, name, original)
     learning_steps = steps - learning_starts
