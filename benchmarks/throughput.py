@@ -26,8 +26,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.buffer import ReplayBuffer
-from rl_graphstep.config import load_config
-from rl_graphstep.train import resolve_compile, resolve_graph, train
+from rl_graphstep.config import Config, load_config
+from rl_graphstep.train import matmul_precision, resolve_compile, resolve_graph, train
 
 # name -> flags; "graph" modes without overlap wait for the updates every env step.
 MODES: dict[str, list[str]] = {
@@ -38,6 +38,8 @@ MODES: dict[str, list[str]] = {
     "graph+compile+overlap (default)": ["--graph", "on", "--compile", "on"],
     # The envs step in a worker process while the host launches the updates.
     "graph+compile+overlap+env worker": ["--graph", "on", "--compile", "on", "--env-worker"],
+    # The default with TF32 tensor-core matmuls.
+    "graph+compile+overlap+tf32": ["--graph", "on", "--compile", "on", "--tf32"],
     # The same with gymnasium's AsyncVectorEnv (a process per env, results pickled).
     "graph+compile+overlap+async envs": ["--graph", "on", "--compile", "on", "--async-envs"],
 }
@@ -67,6 +69,12 @@ def update_alone(env_id: str, flags: list[str], updates: int, breakdown: bool = 
                  ) -> tuple[float, float, float]:
     """(µs per update, kernels per update, kernel µs per update) for the mode's agent."""
     cfg = load_config(["--env", env_id, *flags])
+    with matmul_precision(cfg):
+        return _update_alone(cfg, env_id, flags, updates, breakdown)
+
+
+def _update_alone(cfg: Config, env_id: str, flags: list[str], updates: int, breakdown: bool
+                  ) -> tuple[float, float, float]:
     env = gym.make(env_id)
     obs_size, act_size = env.observation_space.shape[0], env.action_space.shape[0]
     device = torch.device("cuda")

@@ -344,10 +344,12 @@ class BatchSampler:
                     f"sample output of shape {tuple(tensor.shape)} on {tensor.device} does not "
                     f"match its columns, {tuple(column.shape)} on {self.rows.device}"
                 )
-        self.graph = (capture_graph(self._draw, self.rows.device, what="the replay sampling")[0]
+        self.graph = (capture_graph(self.draw, self.rows.device, what="the replay sampling")[0]
                       if use_graph else None)
 
-    def _draw(self) -> None:
+    def draw(self) -> None:
+        """Draw a new sample into the outputs as ordinary launches, not as the graph (inside
+        another capture, this records the sampling into that graph)."""
         self.buffer.sample(self.batch_size, out=self.rows)
         torch._foreach_copy_(self._outputs, self._columns)
 
@@ -356,4 +358,4 @@ class BatchSampler:
         if self.graph is not None:
             self.graph.replay()
         else:
-            self._draw()
+            self.draw()

@@ -89,6 +89,10 @@ class Config:
         "updates (experimental: not yet measured faster on the GPU)"
     )
     updates_per_step: int = option(1, "gradient updates per environment iteration")
+    tf32: bool = option(
+        False, "float32 matmuls on TF32 tensor cores (CUDA): faster, with products rounded "
+        "to a 10-bit mantissa"
+    )
     overlap: bool = option(
         True, "step the environments while the GPU updates (off: wait for each update, a "
         "benchmark baseline)"

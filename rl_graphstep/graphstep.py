@@ -391,11 +391,15 @@ class EagerAdaptationStep:
 
     def replay(self, *, synchronize: bool = False) -> Tensor:
         """Run one update on whatever the static buffers hold (no checks, no copies)."""
-        loss = self._body(self.static_inputs, self.static_targets)
-        self.static_loss = loss
+        loss = self.run_update()
         if synchronize and loss.is_cuda:
             torch.cuda.synchronize(loss.device)
         return loss
+
+    def run_update(self) -> Tensor:
+        """One update on the static buffers; returns the loss (see the captured step's)."""
+        self.static_loss = self._body(self.static_inputs, self.static_targets)
+        return self.static_loss
 
 
 # --------------------------------------------------------------------------------------------
@@ -764,6 +768,16 @@ class CudaGraphAdaptationStep:
         if synchronize:
             torch.cuda.synchronize(self.static_loss.device)
         return loss
+
+    def run_update(self) -> Tensor:
+        """The update on the static buffers as ordinary launches, not as this graph; returns
+        its loss tensor.
+
+        Called while another graph is being captured, it records this step into that graph,
+        so a larger graph (sampling, both steps and the target update) replays with one
+        launch. Outside a capture it is one eager update of the same tensors.
+        """
+        return self._body(self.static_inputs, self.static_targets)
 
 
 AdaptationStep = CudaGraphAdaptationStep | EagerAdaptationStep

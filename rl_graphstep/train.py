@@ -197,6 +197,19 @@ def _run_dir(cfg: Config) -> Path:
     return path.parent.parent if path.is_file() else path
 
 
+@contextlib.contextmanager
+def matmul_precision(cfg: Config) -> Iterator[None]:
+    """float32 matmuls on TF32 tensor cores while inside, when ``cfg.tf32``; the process's
+    setting is restored after. Set before the steps are built: a captured graph keeps the
+    kernels chosen at capture."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high" if cfg.tf32 else "highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(previous)
+
+
 def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
           ) -> dict[str, Any]:
     """Train an agent as ``cfg`` says; return a summary of the run.
@@ -207,6 +220,11 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
     documents the protocol they meet. With ``cfg.resume`` the run continues from the latest
     checkpoint in that folder.
     """
+    with matmul_precision(cfg):
+        return _train(cfg, actor, critic)
+
+
+def _train(cfg: Config, actor: NetworkSpec, critic: NetworkSpec) -> dict[str, Any]:
     resumed = (load_checkpoint(cfg.resume, env_id=cfg.env_id, algo=cfg.algo)
                if cfg.resume else None)
     run_dir = _run_dir(cfg)

@@ -3,16 +3,20 @@ the action pipe, several updates per step, async envs and the new flags."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from fakes import ROWS, FixedActor, LinearCritic
+from fakes import ROWS, FixedActor, FixedDeterministicActor, LinearCritic
 
 from rl_graphstep.acting import ActionPipe
+from rl_graphstep.algorithms import base
+from rl_graphstep.algorithms.base import ActorCritic
 from rl_graphstep.algorithms.sac import SAC
+from rl_graphstep.algorithms.td3 import TD3
 from rl_graphstep.buffer import BatchSampler, ReplayBuffer
 from rl_graphstep.config import Config, load_config
 from rl_graphstep.envs import EnvStepper, EpisodeStatistics, make_vec_env, scale_action
@@ -93,6 +97,67 @@ def test_update_from_a_buffer_equals_update_on_the_same_rows() -> None:
     for p, q in zip(fast.critic.parameters(), general.critic.parameters(), strict=True):
         torch.testing.assert_close(p, q)
     assert fast.updates == general.updates == 3
+
+
+class ReplayedCall:
+    """A stand-in for a captured graph on the CPU: each replay runs the recorded call with
+    the agent's update count at its capture-time value (what the captured kernels saw), and
+    updates the metrics dict it returned at capture."""
+
+    def __init__(self, agent: ActorCritic, function: Callable[[], dict[str, torch.Tensor]]
+                 ) -> None:
+        self.agent, self.function, self.phase = agent, function, agent.updates
+        self.metrics: dict[str, torch.Tensor] = {}
+
+    def replay(self) -> None:
+        updates, self.agent.updates = self.agent.updates, self.phase
+        try:
+            self.metrics.update(self.function())
+        finally:
+            self.agent.updates = updates
+
+
+@pytest.mark.parametrize(("kind", "overrides", "phases"), [
+    (SAC, {}, 2),
+    (SAC, {"policy_frequency": 1, "target_network_frequency": 3}, 3),
+    (TD3, {"policy_frequency": 3}, 3),
+])
+def test_fused_updates_run_each_phase_of_the_schedule_like_separate_replays(
+        kind: type[ActorCritic], overrides: dict[str, int], phases: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    buffer = filled_buffer()
+    cfg = Config(**{"gamma": 0.9, "tau": 0.1, "batch_size": 4, **overrides})
+    actor = FixedActor if kind is SAC else FixedDeterministicActor
+    agents = [kind(actor(), LinearCritic(), cfg, observation_size=2, action_size=1, device=CPU)
+              for _ in range(2)]
+    for agent in agents:
+        agent.build(buffer)
+    separate, fused = agents
+    # What build does with CUDA graphs, recorded calls standing in for the graphs.
+    calls: list[ReplayedCall] = []
+
+    def capture(function: Callable, device: torch.device, **_: object) -> tuple:
+        calls.append(ReplayedCall(fused, function))
+        return calls[-1], calls[-1].metrics
+
+    monkeypatch.setattr(base, "capture_graph", capture)
+    fused.fused_updates = fused._capture_fused_updates(fused.update_period())
+    assert [c.phase for c in calls] == list(range(phases)) and fused.updates == 0
+    for update in range(2 * phases + 1):
+        metrics = []
+        for agent in agents:
+            torch.manual_seed(update)
+            metrics.append({k: v.clone() for k, v in agent.update_from(buffer).items()})
+        assert metrics[0].keys() == metrics[1].keys(), f"update {update}"
+        for key in metrics[0]:
+            torch.testing.assert_close(metrics[1][key], metrics[0][key], rtol=0, atol=0)
+    assert separate.updates == fused.updates == 2 * phases + 1
+    for name, part in separate.checkpointed().items():
+        other = fused.checkpointed()[name]
+        state = part if isinstance(part, torch.Tensor) else part.state_dict()
+        torch.testing.assert_close(
+            other if isinstance(other, torch.Tensor) else other.state_dict(), state,
+            rtol=0, atol=0, msg=name)
 
 
 def test_update_checks_the_batch_size() -> None:

@@ -86,6 +86,7 @@ def test_update_from_buffer_graph_matches_eager(compile: bool) -> None:
         agents[use_graph] = agent
     kind = CudaGraphAdaptationStep
     assert isinstance(agents[True].critic_step, kind) and agents[True].sampler.graph is not None
+    assert len(agents[True].fused_updates) == 2  # the default policy_frequency 2
     assert isinstance(agents[False].critic_step, EagerAdaptationStep)
     assert agents[True].compile is compile
     assert agents[True].critic_step._body.uncompiled_parts == []
@@ -104,6 +105,34 @@ def test_update_from_buffer_graph_matches_eager(compile: bool) -> None:
                     strict=True):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(agents[True].log_alpha, agents[False].log_alpha)
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["plain", "compiled"])
+def test_fused_update_graphs_match_the_separate_graphs_bit_for_bit(compile: bool) -> None:
+    """One graph per update (sampling, critic, target update, actor steps when due) runs the
+    separate graphs' kernels in their order, drawing the same random numbers."""
+    buffer = filled_buffer()
+    agents, metrics = {}, {}
+    for fuse in (False, True):
+        agent = sac(True, compile)
+        agent.build(buffer, fuse=fuse)
+        torch.manual_seed(11)
+        history, keys = [], None
+        for _ in range(50):
+            live = agent.update_from(buffer)
+            keys = keys or sorted(live)  # the first update's: an actor update's
+            history.append(torch.stack([live.get(k, torch.zeros((), device=DEVICE))
+                                        for k in keys]).clone())
+        metrics[fuse], agents[fuse] = torch.stack(history), agent
+    assert agents[False].fused_updates is None and len(agents[True].fused_updates) == 2
+    torch.testing.assert_close(metrics[True], metrics[False], rtol=0, atol=0)
+    for name, part in agents[False].checkpointed().items():
+        other = agents[True].checkpointed()[name]
+        if isinstance(part, torch.Tensor):
+            torch.testing.assert_close(other, part, rtol=0, atol=0, msg=name)
+        else:
+            torch.testing.assert_close(other.state_dict(), part.state_dict(), rtol=0, atol=0,
+                                       msg=name)
 
 
 def test_compiled_steps_learn_the_same_as_plain_ones() -> None:

@@ -10,6 +10,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from rl_graphstep import train as train_module
 from rl_graphstep.config import load_config
 from rl_graphstep.train import main, train
 
@@ -41,6 +42,21 @@ def test_train_from_python_returns_a_summary(tmp_path: Path) -> None:
     assert summary["global_step"] == 400 and summary["episodes"] == 2
     assert summary["graph"] is False
     assert summary["mean_return_last_10"] < 0
+
+
+def test_tf32_holds_for_the_run_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+    monkeypatch.setattr(train_module, "seed_everything",
+                        lambda seed: seen.append(torch.get_float32_matmul_precision()))
+    torch.set_float32_matmul_precision("medium")
+    try:
+        for tf32 in ("--tf32", "--no-tf32"):
+            train(load_config(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), *SHORT,
+                               tf32, "--run-name", tf32.strip("-")]))
+            assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    assert seen == ["high", "highest"]
 
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,7 +8,9 @@ and what happens after each critic and actor update (target updates).
 from __future__ import annotations
 
 import copy
+import math
 import warnings
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -21,10 +23,15 @@ from rl_graphstep.errors import CaptureError, CompileError
 from rl_graphstep.graphstep import (
     AdaptationStep,
     CudaGraphAdaptationStep,
+    capture_graph,
     clip_grad_norm,
     make_adaptation_step,
 )
 from rl_graphstep.networks import EnsembleCritic, StateActionInput
+
+# Fused update graphs are built for schedules that repeat within this many updates; a longer
+# period (unusual frequencies) replays the separate graphs instead.
+MAX_FUSED_PHASES = 16
 
 
 class PolyakAverage:
@@ -98,6 +105,8 @@ class ActorCritic:
         self.critic_step: AdaptationStep | None = None
         self.actor_step: AdaptationStep | None = None
         self.sampler: BatchSampler | None = None
+        # (graph, its live metrics) per phase of the update schedule; see update_from.
+        self.fused_updates: list[tuple[Any, dict[str, Tensor]]] | None = None
         self.updates = 0
 
     def adam(self, params: Any, **kwargs: Any) -> torch.optim.Adam:
@@ -217,18 +226,32 @@ class ActorCritic:
 
     def update_from(self, buffer: ReplayBuffer) -> dict[str, Tensor]:
         """:meth:`update` on a fresh replay sample drawn straight into the steps' static
-        buffers (a captured sampling graph on CUDA): the training loop's fast path.
+        buffers: the training loop's fast path. With CUDA graphs the whole update (sampling,
+        critic step, target update, actor steps when due) is one fused graph per phase of
+        the update schedule: one launch per update.
 
         Its metrics are live tensors that the next update overwrites: accumulate or copy
         them at once (the logger does)."""
         self.build(buffer)
         assert self.sampler is not None
+        if self.fused_updates is not None:
+            graph, metrics = self.fused_updates[self.updates % len(self.fused_updates)]
+            graph.replay()
+            self.updates += 1
+            return metrics
         self.sampler()
         return self._replay_steps(live=True)
 
-    def build(self, buffer: ReplayBuffer) -> None:
+    def update_period(self) -> int | None:
+        """The number of updates after which the update sequence repeats: ``after_*`` hooks
+        and the actor delay may depend on ``self.updates`` only modulo this period. ``None``
+        when they depend on it otherwise (no fused update graphs are built then)."""
+        return math.lcm(self.cfg.policy_frequency, self.cfg.target_network_frequency)
+
+    def build(self, buffer: ReplayBuffer, *, fuse: bool = True) -> None:
         """Capture the steps (from an example sample) and the sampling from ``buffer``, if
-        not done yet; runs no update."""
+        not done yet; runs no update. With CUDA graphs and ``fuse``, also capture the fused
+        update graphs :meth:`update_from` replays (see :meth:`update_period`)."""
         if self.sampler is not None and self.sampler.buffer is buffer:
             return
         if self.critic_step is None or self.actor_step is None:
@@ -240,16 +263,41 @@ class ActorCritic:
             self.capture(buffer.storage[: self.cfg.batch_size])
         self.sampler = BatchSampler(buffer, self.cfg.batch_size, self._static_columns(),
                                     use_graph=self.use_graph)
+        self.fused_updates = None
+        period = self.update_period()
+        if fuse and self.use_graph and period is not None and period <= MAX_FUSED_PHASES:
+            self.fused_updates = self._capture_fused_updates(period)
 
-    def _replay_steps(self, live: bool = False) -> dict[str, Tensor]:
+    def _capture_fused_updates(self, period: int) -> list[tuple[Any, dict[str, Tensor]]]:
+        """One graph per phase of the update schedule, each recording the sampling and the
+        steps' updates in the order :meth:`_replay_steps` replays them: the same kernels in
+        the same order, with one launch (and one random-number offset update) per update
+        instead of one per graph and per target update."""
+        assert self.sampler is not None
         assert self.critic_step is not None and self.actor_step is not None
-        if live:  # the step's own loss tensor: read it before the next update
-            self.critic_step.replay()
-            critic_loss = self.critic_step.static_loss
-        else:
-            critic_loss = self.critic_step.replay()
+        sampler, critic, actor = self.sampler, self.critic_step, self.actor_step
+
+        def fused_update() -> dict[str, Tensor]:
+            sampler.draw()
+            return self._update_sequence(critic.run_update, actor.run_update)
+
+        updates = self.updates
+        graphs = []
+        try:
+            for phase in range(period):
+                self.updates = phase  # the hooks take this phase's branches
+                graphs.append(capture_graph(fused_update, self.device, warmup_steps=0,
+                                            what=f"the fused update (phase {phase})"))
+        finally:
+            self.updates = updates
+        return graphs
+
+    def _update_sequence(self, critic: Callable[[], Tensor], actor: Callable[[], Any]
+                         ) -> dict[str, Tensor]:
+        """One update: the critic step and its hook, and when the delay is due the actor
+        steps and theirs. ``critic`` and ``actor`` run one step each (replay, or record)."""
         metrics = {
-            "losses/critic": critic_loss,
+            "losses/critic": critic(),
             "losses/critic_grad_norm": self.critic_clip.norm,
         }
         self.after_critic_update()
@@ -257,9 +305,22 @@ class ActorCritic:
         # device-side mask would run (and discard) the whole actor update every iteration.
         if self.updates % self.cfg.policy_frequency == 0:
             for _ in range(self.actor_updates_per_delay):
-                self.actor_step.replay()
+                actor()
             self.after_actor_updates()
             metrics.update(self.actor_metrics())
+        return metrics
+
+    def _replay_steps(self, live: bool = False) -> dict[str, Tensor]:
+        assert self.critic_step is not None and self.actor_step is not None
+        critic_step = self.critic_step
+
+        def critic() -> Tensor:
+            if live:  # the step's own loss tensor: read it before the next update
+                critic_step.replay()
+                return critic_step.static_loss
+            return critic_step.replay()
+
+        metrics = self._update_sequence(critic, self.actor_step.replay)
         self.updates += 1
         return metrics
 
