@@ -38,8 +38,10 @@ MODES: dict[str, list[str]] = {
     "graph+compile+overlap (default)": ["--graph", "on", "--compile", "on"],
     # The envs step in a worker process while the host launches the updates.
     "graph+compile+overlap+env worker": ["--graph", "on", "--compile", "on", "--env-worker"],
-    # The default with TF32 tensor-core matmuls.
+    # With TF32 tensor-core matmuls.
     "graph+compile+overlap+tf32": ["--graph", "on", "--compile", "on", "--tf32"],
+    "graph+compile+overlap+env worker+tf32": ["--graph", "on", "--compile", "on",
+                                              "--env-worker", "--tf32"],
     # The same with gymnasium's AsyncVectorEnv (a process per env, results pickled).
     "graph+compile+overlap+async envs": ["--graph", "on", "--compile", "on", "--async-envs"],
 }

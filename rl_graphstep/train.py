@@ -8,6 +8,7 @@ checkpoint. Ctrl-C and SIGTERM finish the current step, save a checkpoint and fl
 from __future__ import annotations
 
 import contextlib
+import gc
 import pickle
 import signal
 import sys
@@ -220,8 +221,11 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
     documents the protocol they meet. With ``cfg.resume`` the run continues from the latest
     checkpoint in that folder.
     """
-    with matmul_precision(cfg):
-        return _train(cfg, actor, critic)
+    try:
+        with matmul_precision(cfg):
+            return _train(cfg, actor, critic)
+    finally:
+        gc.unfreeze()  # see _build_steps
 
 
 def _train(cfg: Config, actor: NetworkSpec, critic: NetworkSpec) -> dict[str, Any]:
@@ -350,9 +354,15 @@ def _build_steps(agent: ActorCritic, buffer: ReplayBuffer, cfg: Config,
     agent.build(buffer)
     pipe = ActionPipe(agent.explore, cfg.num_envs, agent.observation_size, action_space,
                       agent.device,
-                      use_graph=agent.use_graph and (None if agent.graph_fallback else True))
+                      use_graph=agent.use_graph and (None if agent.graph_fallback else True),
+                      compile=agent.compile)
     if agent.device.type == "cuda":
         torch.cuda.synchronize(agent.device)
+    # Compiling leaves millions of long-lived Python objects, and every full garbage
+    # collection during the loop would walk them all (milliseconds, again and again): move
+    # them out of the collector's sight until the run ends.
+    gc.collect()
+    gc.freeze()
     return pipe
 
 
