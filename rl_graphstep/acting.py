@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from rl_graphstep.errors import CaptureError
-from rl_graphstep.graphstep import RECOMPILE_LIMIT, capture_graph, own_code
+from rl_graphstep.graphstep import capture_graph
 
 Policy = Callable[[Tensor], Tensor]
 """Maps observations (N, O) on the device to actions (N, A), drawing any noise on the device."""
@@ -35,9 +35,6 @@ class ActionPipe:
         device: where the policy runs.
         use_graph: capture the policy as a CUDA graph; ``None``: try, and act eagerly with a
             warning when it cannot be captured; ``False``: eager.
-        compile: with a graph, ``torch.compile`` the action selection before capturing it
-            (fusing its small kernels); when that fails it is captured uncompiled, with a
-            warning. :attr:`compiled` says which.
 
     :meth:`request` and :meth:`wait` alternate: request queues the work and returns at once,
     wait blocks until the actions are on the host and returns them. Both are issued on the
@@ -53,7 +50,6 @@ class ActionPipe:
         device: torch.device,
         *,
         use_graph: bool | None = False,
-        compile: bool = False,
     ) -> None:
         self.policy = policy
         on_cuda = device.type == "cuda"
@@ -72,32 +68,14 @@ class ActionPipe:
         self._pending = False
         self.graph: torch.cuda.CUDAGraph | None = None
         self._actions: Tensor | None = None
-        self.compiled = False
         if use_graph is not False and on_cuda:
             try:
-                self.graph, self._actions = self._capture(device, compile)
+                self.graph, self._actions = capture_graph(
+                    self._act, device, what="the policy's action selection", warmup_steps=2)
             except CaptureError as error:
                 if use_graph:
                     raise
                 warnings.warn(f"{error}; selecting actions eagerly instead", stacklevel=2)
-
-    def _capture(self, device: torch.device, compile: bool
-                 ) -> tuple[torch.cuda.CUDAGraph, Tensor]:
-        what = "the policy's action selection"
-        if compile:
-            # Its own code object: torch.compile's per-code limit of compiled versions would
-            # otherwise be shared by every pipe built in the process.
-            compiled = torch.compile(own_code(self._act))
-            try:
-                # The warm-up's first call compiles.
-                with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
-                    captured = capture_graph(compiled, device, what=what, warmup_steps=2)
-            except CaptureError as error:
-                warnings.warn(f"{error}; capturing it uncompiled", stacklevel=3)
-            else:
-                self.compiled = True
-                return captured
-        return capture_graph(self._act, device, what=what, warmup_steps=2)
 
     @torch.no_grad()
     def _act(self) -> Tensor:

@@ -197,10 +197,10 @@ class NonFiniteGuard:
 
 
 # Compiled versions allowed per code object while a step compiles (torch's default is 8).
-RECOMPILE_LIMIT = 1024
+_RECOMPILE_LIMIT = 1024
 
 
-def own_code(method: Callable[..., Any]) -> Callable[..., Any]:
+def _own_code(method: Callable[..., Any]) -> Callable[..., Any]:
     """``method`` rebuilt on a copy of its code object.
 
     ``torch.compile`` keeps compiled versions per code object, guarded on the objects they
@@ -252,7 +252,7 @@ class _UpdateBody:
         }
         if compile:
             for part in self._parts.values():
-                part[0] = torch.compile(own_code(part[1]))
+                part[0] = torch.compile(_own_code(part[1]))
         self._first_call_done = False
 
     def _forward_loss(self, inputs: Tensor, targets: Tensor) -> Tensor:
@@ -289,7 +289,7 @@ class _UpdateBody:
             # optimizer's own step wrapper, say) is shared by all steps and guarded on each
             # one's optimizer: lift the per-code limit of compiled versions for this call, or
             # the ninth step built in a process would run that code uncompiled.
-            with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+            with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
                 result = part[0](*args)
         except Exception as error:
             cause = _root_cause(error)

@@ -354,8 +354,7 @@ def _build_steps(agent: ActorCritic, buffer: ReplayBuffer, cfg: Config,
     agent.build(buffer)
     pipe = ActionPipe(agent.explore, cfg.num_envs, agent.observation_size, action_space,
                       agent.device,
-                      use_graph=agent.use_graph and (None if agent.graph_fallback else True),
-                      compile=agent.compile)
+                      use_graph=agent.use_graph and (None if agent.graph_fallback else True))
     if agent.device.type == "cuda":
         torch.cuda.synchronize(agent.device)
     # Compiling leaves millions of long-lived Python objects, and every full garbage

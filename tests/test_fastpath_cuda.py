@@ -170,43 +170,6 @@ def test_captured_action_selection_matches_eager_and_is_fresh() -> None:
     assert not np.array_equal(actions[True][0], actions[True][1])  # fresh noise per replay
 
 
-def test_compiled_action_selection_matches_eager_and_falls_back_when_it_cannot_compile(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    torch.manual_seed(0)
-    actor = SquashedGaussianActor(OBS, ACT, (64, 64)).to(DEVICE)
-    observations = np.random.default_rng(0).normal(size=(4, 17)).astype(np.float32)
-    actions = {}
-    for compile in (True, False):
-        pipe = ActionPipe(actor.deterministic_action, 4, 17, ACT, DEVICE, use_graph=True,
-                          compile=compile)
-        assert pipe.compiled is compile and pipe.graph is not None
-        pipe.request(observations)
-        actions[compile] = pipe.wait()
-    for compiled, plain in zip(actions[True], actions[False], strict=True):
-        np.testing.assert_allclose(compiled, plain, rtol=1e-5, atol=1e-5)
-    # Stochastic and compiled: fresh noise on every replay, actions within the bounds.
-    pipe = ActionPipe(lambda obs: actor(obs)[0], 4, 17, ACT, DEVICE, use_graph=True,
-                      compile=True)
-    draws = []
-    for _ in range(2):
-        pipe.request(observations)
-        draws.append(pipe.wait()[0])
-    assert not np.array_equal(draws[0], draws[1]) and np.abs(draws).max() <= 1.0
-
-    def broken_compiler(function: object) -> object:
-        def fails(*args: object) -> None:
-            raise RuntimeError("the compiler gave up")
-        return fails
-
-    monkeypatch.setattr(torch, "compile", broken_compiler)
-    with pytest.warns(UserWarning, match="the compiler gave up; capturing it uncompiled"):
-        pipe = ActionPipe(actor.deterministic_action, 4, 17, ACT, DEVICE, use_graph=True,
-                          compile=True)
-    assert not pipe.compiled and pipe.graph is not None
-    pipe.request(observations)
-    np.testing.assert_allclose(pipe.wait()[0], actions[False][0], rtol=1e-6, atol=1e-6)
-
-
 def test_a_syncing_policy_is_named_or_acted_eagerly() -> None:
     def syncing(observations: torch.Tensor) -> torch.Tensor:
         scale = float(observations.abs().max())  # a host sync
