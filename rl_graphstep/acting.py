@@ -56,6 +56,9 @@ class ActionPipe:
         self.action_size = action_space.shape[0]
         self._low = torch.as_tensor(action_space.low, dtype=torch.float32, device=device)
         self._high = torch.as_tensor(action_space.high, dtype=torch.float32, device=device)
+        # (high - low) / 2, made once: (a + 1) * it equals scale_action's (a + 1) * 0.5 *
+        # (high - low) to the bit (halving is exact), with two kernels fewer per action.
+        self._half_range = (self._high - self._low) * 0.5
         self._host_observations = torch.zeros(num_envs, observation_size, pin_memory=on_cuda)
         self._observations = torch.zeros(num_envs, observation_size, device=device)
         self._host_actions = torch.zeros(num_envs, 2 * self.action_size, pin_memory=on_cuda)
@@ -81,9 +84,8 @@ class ActionPipe:
     def _act(self) -> Tensor:
         """[actions in [-1, 1] | actions on the env's bounds], (N, 2A)."""
         actions = self.policy(self._observations)
-        scaled = self._low + (actions + 1.0) * 0.5 * (self._high - self._low)
-        return torch.cat([actions, torch.minimum(torch.maximum(scaled, self._low),
-                                                 self._high)], dim=1)
+        scaled = self._low + (actions + 1.0) * self._half_range
+        return torch.cat([actions, scaled.clamp(self._low, self._high)], dim=1)
 
     def request(self, observations: np.ndarray) -> None:
         """Queue the policy on ``observations`` (N, O) and the copy of its actions home."""

@@ -4,7 +4,9 @@ A custom network plugs in if it meets `SACActor` / `Critic` below and runs insid
 
 - actor: `actor(observations) -> (actions, log_probs)` with actions (B, A) in [-1, 1] (the env
   wrapper scales them onto the action bounds) and log_probs (B,), reparameterised so gradients
-  flow through the sample; `actor.deterministic_action(observations) -> (B, A)` for evaluation.
+  flow through the sample; `actor.deterministic_action(observations) -> (B, A)` for evaluation;
+  optionally `actor.sample(observations) -> (B, A)`, the draw of `actor(observations)[0]`
+  without the log-probability, which SAC then uses to act.
 - critic: `critic(observations, actions) -> (B, E)`, one Q value per ensemble member, and a
   `num_critics` attribute giving E.
 - both: fixed shapes, no host syncs (`.item()`, `bool(t)`, Python `if` on a tensor, `nonzero`,
@@ -130,12 +132,21 @@ class SquashedGaussianActor(nn.Module):
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (raw + 1)
         return self.mean(features), log_std
 
-    def forward(self, observations: Tensor) -> tuple[Tensor, Tensor]:
-        """A reparameterised sample: actions (B, A) in [-1, 1] and their log-probability (B,)."""
+    def _draw(self, observations: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """One reparameterised sample: (actions, the standard normal noise, log-std)."""
         mean, log_std = self.mean_and_log_std(observations)
         # randn_like draws on the tensor's device, so a CUDA graph replay draws afresh.
         eps = torch.randn_like(mean)
-        actions = torch.tanh(mean + log_std.exp() * eps)
+        return torch.tanh(mean + log_std.exp() * eps), eps, log_std
+
+    def sample(self, observations: Tensor) -> Tensor:
+        """Actions (B, A) drawn exactly as :meth:`forward` draws them, without computing their
+        log-probability: acting needs none, and skips its kernels."""
+        return self._draw(observations)[0]
+
+    def forward(self, observations: Tensor) -> tuple[Tensor, Tensor]:
+        """A reparameterised sample: actions (B, A) in [-1, 1] and their log-probability (B,)."""
+        actions, eps, log_std = self._draw(observations)
         # Gaussian log-density at mean + std * eps, written via eps: (x - mean) / std == eps.
         gaussian = -0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
         # Change of variables through tanh; 1e-6 keeps the log finite where |action| rounds to 1.

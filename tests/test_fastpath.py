@@ -198,6 +198,21 @@ def test_action_pipe_returns_the_policy_actions_and_their_env_scaling() -> None:
         pipe.wait()
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_action_pipe_scaling_is_scale_action_to_the_bit(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    low = (-rng.lognormal(0.0, 3.0, 6)).astype(np.float32)
+    high = (low + rng.lognormal(0.0, 3.0, 6)).astype(np.float32)
+    space = gym.spaces.Box(low, high, dtype=np.float32)
+    actions = np.concatenate([rng.uniform(-1, 1, (500, 6)), [[-1.0] * 6, [1.0] * 6]])
+    actions = actions.astype(np.float32)
+    pipe = ActionPipe(lambda obs: obs, 502, 6, space, CPU)
+    pipe.request(actions)
+    returned, env_actions = pipe.wait()
+    np.testing.assert_array_equal(returned, actions)
+    np.testing.assert_array_equal(env_actions, scale_action(actions, low, high))
+
+
 def test_episode_statistics_count_every_step_of_each_env() -> None:
     stats = EpisodeStatistics(2)
     no = np.array([False, False])

@@ -10,6 +10,8 @@ import pytest
 import torch
 from torch import nn
 
+from rl_graphstep.algorithms.sac import SAC
+from rl_graphstep.config import Config
 from rl_graphstep.errors import ConfigError
 from rl_graphstep.networks import (
     LOG_STD_MAX,
@@ -102,6 +104,44 @@ def test_actor_log_prob_matches_hand_computation() -> None:
     reference = torch.distributions.Normal(mean, std).log_prob(pre_tanh)
     reference = (reference - torch.log(1 - want_actions**2 + 1e-6)).sum(dim=1)
     torch.testing.assert_close(log_probs, reference, rtol=1e-5, atol=1e-4)
+
+
+def test_actor_sample_is_forwards_draw_to_the_bit_and_sac_acts_with_it() -> None:
+    actor = SquashedGaussianActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(16,))
+    observations = torch.randn(64, 5)
+    torch.manual_seed(4)
+    drawn, _ = actor(observations)
+    after_forward = torch.rand(())
+    torch.manual_seed(4)
+    sampled = actor.sample(observations)
+    assert torch.equal(sampled, drawn) and torch.rand(()) == after_forward  # same noise used
+    cfg = Config()
+    sac = SAC(actor, EnsembleCritic(OBS_SPACE, ACT_SPACE, (16,)), cfg, observation_size=5,
+              action_size=3, device=torch.device("cpu"))
+    calls = []
+    actor.sample = lambda obs: calls.append(obs) or drawn  # type: ignore[method-assign]
+    assert sac.explore(observations) is drawn and calls == [observations]
+    del actor.sample
+    torch.manual_seed(4)
+    assert torch.equal(sac.explore(observations), drawn)
+
+
+class ForwardOnlyActor(nn.Module):
+    """A custom stochastic actor with no ``sample``: SAC acts with its forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, observations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tanh(self.scale * observations[:, :3]), observations.sum(1)
+
+
+def test_sac_acts_with_forward_when_the_actor_has_no_sample() -> None:
+    sac = SAC(ForwardOnlyActor(), EnsembleCritic(OBS_SPACE, ACT_SPACE, (16,)), Config(),
+              observation_size=5, action_size=3, device=torch.device("cpu"))
+    observations = torch.randn(4, 5)
+    torch.testing.assert_close(sac.explore(observations), torch.tanh(0.5 * observations[:, :3]))
 
 
 def test_actor_deterministic_action_is_tanh_of_mean() -> None:

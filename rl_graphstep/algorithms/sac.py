@@ -106,6 +106,10 @@ class SAC(ActorCritic):
 
     @torch.no_grad()
     def explore(self, observations: Tensor) -> Tensor:
-        """A sample of the stochastic policy, in [-1, 1]."""
+        """A sample of the stochastic policy, in [-1, 1] (the actor's ``sample`` where it has
+        one: the same draw without the log-probability's kernels)."""
+        sample = getattr(self.actor, "sample", None)
+        if callable(sample):
+            return sample(observations)
         actions, _ = self.actor(observations)
         return actions
