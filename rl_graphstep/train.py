@@ -357,9 +357,9 @@ def _build_steps(agent: ActorCritic, buffer: ReplayBuffer, cfg: Config,
                       use_graph=agent.use_graph and (None if agent.graph_fallback else True))
     if agent.device.type == "cuda":
         torch.cuda.synchronize(agent.device)
-    # Compiling leaves millions of long-lived Python objects, and every full garbage
-    # collection during the loop would walk them all (milliseconds, again and again): move
-    # them out of the collector's sight until the run ends.
+    # Compiling leaves hundreds of thousands of long-lived Python objects (600,000 after
+    # SAC's steps), and each full garbage collection during the loop would walk them all
+    # (0.3 s each, measured on a CPU): keep them out of its sight until the run ends.
     gc.collect()
     gc.freeze()
     return pipe

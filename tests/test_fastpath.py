@@ -20,7 +20,7 @@ from rl_graphstep.algorithms.td3 import TD3
 from rl_graphstep.buffer import BatchSampler, ReplayBuffer
 from rl_graphstep.config import Config, load_config
 from rl_graphstep.envs import EnvStepper, EpisodeStatistics, make_vec_env, scale_action
-from rl_graphstep.errors import ConfigError
+from rl_graphstep.errors import CaptureError, ConfigError
 from rl_graphstep.graphstep import EagerAdaptationStep
 from rl_graphstep.train import main, resolve_compile, train
 
@@ -158,6 +158,27 @@ def test_fused_updates_run_each_phase_of_the_schedule_like_separate_replays(
         torch.testing.assert_close(
             other if isinstance(other, torch.Tensor) else other.state_dict(), state,
             rtol=0, atol=0, msg=name)
+
+
+def test_a_fused_update_that_cannot_be_captured_leaves_the_separate_graphs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    buffer = filled_buffer()
+    sac = make_sac(batch_size=4)
+    sac.build(buffer)
+    # As if on CUDA (the steps stay the eager twins here), with the fused capture failing.
+    sac.use_graph, sac.sampler = True, None
+    monkeypatch.setattr(base, "BatchSampler", lambda *args, use_graph: BatchSampler(*args))
+
+    def fails(function: Callable, device: torch.device, *, what: str, **_: object) -> None:
+        raise CaptureError(f"could not capture {what}: RuntimeError: boom")
+
+    monkeypatch.setattr(base, "capture_graph", fails)
+    with pytest.warns(UserWarning, match=r"could not capture the fused update \(phase 0\): "
+                                         "RuntimeError: boom; replaying the separate step "
+                                         "graphs instead"):
+        sac.build(buffer)
+    assert sac.fused_updates is None and sac.sampler is not None
+    assert "losses/critic" in sac.update_from(buffer) and sac.updates == 1
 
 
 def test_update_checks_the_batch_size() -> None:

@@ -266,7 +266,11 @@ class ActorCritic:
         self.fused_updates = None
         period = self.update_period()
         if fuse and self.use_graph and period is not None and period <= MAX_FUSED_PHASES:
-            self.fused_updates = self._capture_fused_updates(period)
+            try:
+                self.fused_updates = self._capture_fused_updates(period)
+            except CaptureError as error:  # the separate graphs work: keep those
+                warnings.warn(f"{error}; replaying the separate step graphs instead",
+                              stacklevel=2)
 
     def _capture_fused_updates(self, period: int) -> list[tuple[Any, dict[str, Tensor]]]:
         """One graph per phase of the update schedule, each recording the sampling and the
