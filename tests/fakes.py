@@ -44,3 +44,15 @@ ROWS = torch.tensor([
     [1.0, 2.0, 0.5, 1.0, 1.0, 0.2, -0.4],
     [-1.0, 0.5, -0.3, -2.0, 0.0, 1.5, 1.0],
 ])
+
+
+def assert_same_learning_state(actual: object, expected: object) -> None:
+    """Two agents' checkpointed parts (networks, targets, optimizers, temperature) equal to
+    the bit, each named on a mismatch."""
+    for name, part in expected.checkpointed().items():
+        other = actual.checkpointed()[name]
+        if isinstance(part, Tensor):
+            torch.testing.assert_close(other, part, rtol=0, atol=0, msg=name)
+        else:
+            torch.testing.assert_close(other.state_dict(), part.state_dict(), rtol=0, atol=0,
+                                       msg=name)

@@ -10,7 +10,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from fakes import ROWS, FixedActor, FixedDeterministicActor, LinearCritic
+from fakes import (
+    ROWS,
+    FixedActor,
+    FixedDeterministicActor,
+    LinearCritic,
+    assert_same_learning_state,
+)
 
 from rl_graphstep.acting import ActionPipe
 from rl_graphstep.algorithms import base
@@ -152,12 +158,7 @@ def test_fused_updates_run_each_phase_of_the_schedule_like_separate_replays(
         for key in metrics[0]:
             torch.testing.assert_close(metrics[1][key], metrics[0][key], rtol=0, atol=0)
     assert separate.updates == fused.updates == 2 * phases + 1
-    for name, part in separate.checkpointed().items():
-        other = fused.checkpointed()[name]
-        state = part if isinstance(part, torch.Tensor) else part.state_dict()
-        torch.testing.assert_close(
-            other if isinstance(other, torch.Tensor) else other.state_dict(), state,
-            rtol=0, atol=0, msg=name)
+    assert_same_learning_state(fused, separate)
 
 
 def test_a_fused_update_that_cannot_be_captured_leaves_the_separate_graphs(
