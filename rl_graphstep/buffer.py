@@ -101,8 +101,12 @@ class ReplayBuffer:
         self.device = self.storage.device
         self._position = 0  # the row the next add writes first
         self._size = 0
-        # The fill level on the device too, so a captured sampling graph reads the current one.
+        # The fill level on the device too, so a captured sampling graph reads the current one,
+        # and the write position, so a captured write graph writes at the current one.
         self.size_tensor = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.position_tensor = torch.zeros((), dtype=torch.int64, device=self.device)
+        # On CUDA, per staging buffer, a captured write: see _write.
+        self._write_graphs: list[torch.cuda.CUDAGraph] | None = None
         # Two pinned host staging buffers used in turn (with numpy views of them), each with
         # the event of the last copy reading it; all made once, reused every add.
         self._staging: list[tuple[torch.Tensor, np.ndarray, torch.cuda.Event | None]] = []
@@ -190,6 +194,7 @@ class ReplayBuffer:
             # issued on the stream current at the first one.
             self._stream = torch.cuda.current_stream(self.device) if pin else None
             self._staging_copied = [False, False]
+            self._write_graphs = None  # captured for the new staging buffers at first use
         self._staging_turn ^= 1
         rows, view, copied = self._staging[self._staging_turn]
         if self._staging_copied[self._staging_turn]:
@@ -199,6 +204,25 @@ class ReplayBuffer:
         return rows, view
 
     def _write(self, rows: torch.Tensor) -> None:
+        """Write the staged ``rows`` into the ring. On CUDA that is one replay of a small
+        captured graph (the copy from pinned memory, the scatter at the device-side position,
+        the position and fill-level updates): one launch where the plain path makes three."""
+        n = rows.shape[0]
+        on_cuda = self.device.type == "cuda"
+        if on_cuda and n <= self.capacity:
+            if self._write_graphs is None:
+                self._write_graphs = [self._capture_write(staging)
+                                      for staging, _, _ in self._staging]
+            self._write_graphs[self._staging_turn].replay()
+        else:
+            self._write_plain(rows)
+        if on_cuda:
+            self._staging[self._staging_turn][2].record(self._stream)
+            self._staging_copied[self._staging_turn] = True
+        self._position = (self._position + n) % self.capacity
+        self._size = min(self._size + n, self.capacity)
+
+    def _write_plain(self, rows: torch.Tensor) -> None:
         n = rows.shape[0]
         kept = min(n, self.capacity)  # a batch longer than the ring keeps only its last rows
         rows = rows[n - kept :]
@@ -211,13 +235,27 @@ class ReplayBuffer:
             on_device = rows.to(self.device, non_blocking=non_blocking)
             index = torch.arange(start, start + kept, device=self.device) % self.capacity
             self.storage.index_copy_(0, index, on_device)
-        if non_blocking:
-            self._staging[self._staging_turn][2].record(self._stream)
-            self._staging_copied[self._staging_turn] = True
-        self._position = (self._position + n) % self.capacity
+        self.position_tensor.fill_((self._position + n) % self.capacity)
         if self._size < self.capacity:
-            self._size = min(self._size + n, self.capacity)
-            self.size_tensor.fill_(self._size)
+            self.size_tensor.fill_(min(self._size + n, self.capacity))
+
+    def _capture_write(self, staging: torch.Tensor) -> torch.cuda.CUDAGraph:
+        """A graph that writes ``staging``'s rows (pinned; read when the graph runs) at the
+        device-side position. Its kernels are warmed up on scratch copies of the ring, so
+        capturing writes nothing."""
+        offsets = torch.arange(staging.shape[0], device=self.device)
+        scratch = (self.storage[: staging.shape[0]].clone(), self.position_tensor.clone(),
+                   self.size_tensor.clone())
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            write_rows(*scratch, staging, offsets)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph, _ = capture_graph(
+            lambda: write_rows(self.storage, self.position_tensor, self.size_tensor, staging,
+                               offsets),
+            self.device, what="the replay buffer's write", warmup_steps=0)
+        return graph
 
     def sample(self, batch_size: int, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """Exactly `batch_size` packed rows drawn uniformly, with replacement, from the filled part.
@@ -277,6 +315,20 @@ class ReplayBuffer:
         self._position = int(state["position"])
         self._size = size
         self.size_tensor.fill_(size)
+        self.position_tensor.fill_(self._position)
+
+
+def write_rows(storage: torch.Tensor, position: torch.Tensor, size: torch.Tensor,
+               rows: torch.Tensor, offsets: torch.Tensor) -> None:
+    """Write ``rows`` (n, row_size; at most the ring's length, on any device) into the ring
+    ``storage`` from the device-side ``position`` on, wrapping at the end, then advance
+    ``position`` and the fill level ``size`` (0-dim int64 tensors). ``offsets`` is
+    ``arange(n)`` on the storage's device. No host value is read: a graph can record it."""
+    capacity = storage.shape[0]
+    index = (position + offsets) % capacity
+    storage.index_copy_(0, index, rows.to(storage.device, non_blocking=True))
+    position.copy_((position + rows.shape[0]) % capacity)
+    size.copy_((size + rows.shape[0]).clamp(max=capacity))
 
 
 def split_targets(targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

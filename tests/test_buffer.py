@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rl_graphstep import buffer as buffer_module
-from rl_graphstep.buffer import ReplayBuffer, Transition
+from rl_graphstep.buffer import ReplayBuffer, Transition, write_rows
 from rl_graphstep.errors import ConfigError
 
 OBS, ACT = 3, 2
@@ -233,3 +233,48 @@ def test_cuda_storage_add_and_sample() -> None:
     torch.testing.assert_close(replay.storage.cpu(), torch.tensor([want[s] for s in range(5)]))
     rows = replay.sample(32)
     assert rows.device == replay.device and rows.shape == (32, 10)
+
+
+def test_write_rows_wraps_at_the_end_and_advances_position_and_size() -> None:
+    storage = torch.zeros(5, 2)
+    position, size = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)
+    offsets = torch.arange(2)
+    for start in range(0, 8, 2):
+        rows = torch.tensor([[start, 0.0], [start + 1, 0.0]])
+        write_rows(storage, position, size, rows, offsets)
+    # Rows 0..7 into a ring of 5: 5, 6, 7 overwrote 0, 1, 2.
+    assert storage[:, 0].tolist() == [5.0, 6.0, 7.0, 3.0, 4.0]
+    assert position.item() == 3 and size.item() == 5
+
+
+@pytest.mark.parametrize("n", [1, 3, 7])
+def test_adds_keep_the_device_position_and_size_in_step(n: int) -> None:
+    replay = ReplayBuffer(5, OBS, ACT, "cpu")
+    for start in range(0, 4 * n, n):
+        replay.add(*batch(start, n))
+        assert replay.position_tensor.item() == replay.position
+        assert replay.size_tensor.item() == len(replay)
+    restored = ReplayBuffer(5, OBS, ACT, "cpu")
+    restored.load_state_dict(replay.state_dict())
+    assert restored.position_tensor.item() == replay.position
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_cuda_adds_replay_a_write_graph_that_equals_the_plain_write(n: int) -> None:
+    """Each add replays a captured write (two graphs, one per pinned staging buffer): the
+    ring ends as a CPU buffer given the same adds, position and fill level included."""
+    replay, reference = ReplayBuffer(7, OBS, ACT, "cuda"), ReplayBuffer(7, OBS, ACT, "cpu")
+    for start in range(0, 40 * n, n):
+        for buffer in (replay, reference):
+            buffer.add(*batch(start, n))
+    assert replay._write_graphs is not None and len(replay._write_graphs) == 2
+    torch.testing.assert_close(replay.storage.cpu(), reference.storage, rtol=0, atol=0)
+    assert replay.position_tensor.item() == replay.position == reference.position
+    assert replay.size_tensor.item() == len(replay) == 7
+    # A batch longer than the ring takes the plain path and keeps the device counters right.
+    replay.add(*batch(1000, 9))
+    reference.add(*batch(1000, 9))
+    torch.testing.assert_close(replay.storage.cpu(), reference.storage, rtol=0, atol=0)
+    assert replay.position_tensor.item() == replay.position == reference.position
