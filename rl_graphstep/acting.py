@@ -71,14 +71,36 @@ class ActionPipe:
         self._pending = False
         self.graph: torch.cuda.CUDAGraph | None = None
         self._actions: Tensor | None = None
+        # Whether the graph also makes the two copies (one launch per request, not three).
+        self.copies_in_graph = False
         if use_graph is not False and on_cuda:
             try:
-                self.graph, self._actions = capture_graph(
-                    self._act, device, what="the policy's action selection", warmup_steps=2)
+                self.graph, self._actions = self._capture(device)
             except CaptureError as error:
                 if use_graph:
                     raise
                 warnings.warn(f"{error}; selecting actions eagerly instead", stacklevel=2)
+
+    def _capture(self, device: torch.device) -> tuple[torch.cuda.CUDAGraph, Tensor]:
+        """The policy as a graph that also copies the observations in from pinned memory and
+        the actions out to it; failing that, the policy alone (copied around outside)."""
+        what = "the policy's action selection"
+        try:
+            captured = capture_graph(self._copy_act_copy, device, warmup_steps=2,
+                                     what=f"{what} with its copies")
+        except CaptureError as with_copies:
+            # Raises the policy's own error when it cannot be captured at all.
+            captured = capture_graph(self._act, device, what=what, warmup_steps=2)
+            warnings.warn(f"{with_copies}; copying outside the graph", stacklevel=3)
+            return captured
+        self.copies_in_graph = True
+        return captured
+
+    def _copy_act_copy(self) -> Tensor:
+        self._observations.copy_(self._host_observations, non_blocking=True)
+        actions = self._act()
+        self._host_actions.copy_(actions, non_blocking=True)
+        return actions
 
     @torch.no_grad()
     def _act(self) -> Tensor:
@@ -92,14 +114,17 @@ class ActionPipe:
         if self._pending:
             self.wait()  # the pinned buffers are about to be rewritten
         self._host_observations_view[:] = observations
-        non_blocking = self._ready is not None
-        self._observations.copy_(self._host_observations, non_blocking=non_blocking)
-        if self.graph is not None:
+        if self.graph is not None and self.copies_in_graph:
             self.graph.replay()
-            actions = self._actions
         else:
-            actions = self._act()
-        self._host_actions.copy_(actions, non_blocking=non_blocking)
+            non_blocking = self._ready is not None
+            self._observations.copy_(self._host_observations, non_blocking=non_blocking)
+            if self.graph is not None:
+                self.graph.replay()
+                actions = self._actions
+            else:
+                actions = self._act()
+            self._host_actions.copy_(actions, non_blocking=non_blocking)
         if self._ready is not None:
             self._ready.record(self._stream)
         self._pending = True

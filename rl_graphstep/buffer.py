@@ -9,12 +9,13 @@ on the device, so it can feed a captured step's static buffers without a host sy
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from rl_graphstep.errors import ConfigError
+from rl_graphstep.errors import CaptureError, ConfigError
 from rl_graphstep.graphstep import capture_graph
 
 __all__ = ["BatchSampler", "ReplayBuffer", "Transition"]
@@ -107,6 +108,7 @@ class ReplayBuffer:
         self.position_tensor = torch.zeros((), dtype=torch.int64, device=self.device)
         # On CUDA, per staging buffer, a captured write: see _write.
         self._write_graphs: list[torch.cuda.CUDAGraph] | None = None
+        self._graph_writes = True  # False once a capture failed
         # Two pinned host staging buffers used in turn (with numpy views of them), each with
         # the event of the last copy reading it; all made once, reused every add.
         self._staging: list[tuple[torch.Tensor, np.ndarray, torch.cuda.Event | None]] = []
@@ -208,19 +210,33 @@ class ReplayBuffer:
         captured graph (the copy from pinned memory, the scatter at the device-side position,
         the position and fill-level updates): one launch where the plain path makes three."""
         n = rows.shape[0]
-        on_cuda = self.device.type == "cuda"
-        if on_cuda and n <= self.capacity:
-            if self._write_graphs is None:
-                self._write_graphs = [self._capture_write(staging)
-                                      for staging, _, _ in self._staging]
-            self._write_graphs[self._staging_turn].replay()
+        graph = self._write_graph(n)
+        if graph is not None:
+            graph.replay()
         else:
             self._write_plain(rows)
-        if on_cuda:
+        if self.device.type == "cuda":
             self._staging[self._staging_turn][2].record(self._stream)
             self._staging_copied[self._staging_turn] = True
         self._position = (self._position + n) % self.capacity
         self._size = min(self._size + n, self.capacity)
+
+    def _write_graph(self, n: int) -> torch.cuda.CUDAGraph | None:
+        """The captured write of this add's staging buffer (captured at the first add of n
+        rows); None on the CPU, for a batch longer than the ring, or when capturing failed
+        (the plain path then writes, after a one-time warning)."""
+        if self.device.type != "cuda" or n > self.capacity or not self._graph_writes:
+            return None
+        if self._write_graphs is None:
+            try:
+                self._write_graphs = [self._capture_write(staging)
+                                      for staging, _, _ in self._staging]
+            except CaptureError as error:
+                warnings.warn(f"{error}; writing the replay buffer without a graph",
+                              stacklevel=4)
+                self._graph_writes = False
+                return None
+        return self._write_graphs[self._staging_turn]
 
     def _write_plain(self, rows: torch.Tensor) -> None:
         n = rows.shape[0]

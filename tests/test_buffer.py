@@ -8,7 +8,7 @@ import torch
 
 from rl_graphstep import buffer as buffer_module
 from rl_graphstep.buffer import ReplayBuffer, Transition, write_rows
-from rl_graphstep.errors import ConfigError
+from rl_graphstep.errors import CaptureError, ConfigError
 
 OBS, ACT = 3, 2
 
@@ -277,4 +277,26 @@ def test_cuda_adds_replay_a_write_graph_that_equals_the_plain_write(n: int) -> N
     replay.add(*batch(1000, 9))
     reference.add(*batch(1000, 9))
     torch.testing.assert_close(replay.storage.cpu(), reference.storage, rtol=0, atol=0)
+    assert replay.position_tensor.item() == replay.position == reference.position
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_adds_write_plainly_when_the_write_cannot_be_captured(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def fails(function: object, device: torch.device, *, what: str, **_: object) -> None:
+        raise CaptureError(f"could not capture {what}: RuntimeError: boom")
+
+    monkeypatch.setattr(buffer_module, "capture_graph", fails)
+    replay, reference = ReplayBuffer(7, OBS, ACT, "cuda"), ReplayBuffer(7, OBS, ACT, "cpu")
+    with pytest.warns(UserWarning, match="could not capture the replay buffer's write: "
+                                         "RuntimeError: boom; writing the replay buffer "
+                                         "without a graph"):
+        replay.add(*batch(0, 2))
+    reference.add(*batch(0, 2))
+    for start in range(2, 20, 2):
+        replay.add(*batch(start, 2))
+        reference.add(*batch(start, 2))
+    torch.testing.assert_close(replay.storage.cpu(), reference.storage, rtol=0, atol=0)
+    assert replay._write_graphs is None
     assert replay.position_tensor.item() == replay.position == reference.position

@@ -12,6 +12,7 @@ import torch
 from fakes import assert_same_learning_state
 from torch import nn
 
+from rl_graphstep import acting
 from rl_graphstep.acting import ActionPipe
 from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.buffer import BatchSampler, ReplayBuffer
@@ -152,6 +153,7 @@ def test_captured_action_selection_matches_eager_and_is_fresh() -> None:
     policy = lambda obs: actor(obs)[0]  # noqa: E731
     pipes = {g: ActionPipe(policy, 4, 17, ACT, DEVICE, use_graph=g) for g in (True, False)}
     assert pipes[True].graph is not None and pipes[False].graph is None
+    assert pipes[True].copies_in_graph
     observations = np.random.default_rng(0).normal(size=(4, 17)).astype(np.float32)
     actions = {}
     for use_graph, pipe in pipes.items():
@@ -163,6 +165,29 @@ def test_captured_action_selection_matches_eager_and_is_fresh() -> None:
     np.testing.assert_allclose(np.stack(actions[True]), np.stack(actions[False]), rtol=1e-5,
                                atol=1e-6)
     assert not np.array_equal(actions[True][0], actions[True][1])  # fresh noise per replay
+
+
+def test_an_action_graph_that_cannot_copy_copies_outside_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    actor = SquashedGaussianActor(OBS, ACT, (64, 64)).to(DEVICE)
+    real = acting.capture_graph
+
+    def no_copies(function: object, device: torch.device, *, what: str, **kwargs: object):
+        if what.endswith("with its copies"):
+            raise CaptureError(f"could not capture {what}: RuntimeError: boom")
+        return real(function, device, what=what, **kwargs)
+
+    monkeypatch.setattr(acting, "capture_graph", no_copies)
+    observations = np.random.default_rng(0).normal(size=(4, 17)).astype(np.float32)
+    with pytest.warns(UserWarning, match="with its copies: RuntimeError: boom; copying "
+                                         "outside the graph"):
+        pipe = ActionPipe(actor.deterministic_action, 4, 17, ACT, DEVICE, use_graph=True)
+    assert pipe.graph is not None and not pipe.copies_in_graph
+    pipe.request(observations)
+    expected = actor.deterministic_action(torch.as_tensor(observations, device=DEVICE))
+    np.testing.assert_allclose(pipe.wait()[0], expected.detach().cpu().numpy(), rtol=1e-6,
+                               atol=1e-6)
 
 
 def test_a_syncing_policy_is_named_or_acted_eagerly() -> None:
