@@ -262,15 +262,11 @@ class ReplayBuffer:
         offsets = torch.arange(staging.shape[0], device=self.device)
         scratch = (self.storage[: staging.shape[0]].clone(), self.position_tensor.clone(),
                    self.size_tensor.clone())
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            write_rows(*scratch, staging, offsets)
-        torch.cuda.current_stream(self.device).wait_stream(side)
         graph, _ = capture_graph(
             lambda: write_rows(self.storage, self.position_tensor, self.size_tensor, staging,
                                offsets),
-            self.device, what="the replay buffer's write", warmup_steps=0)
+            self.device, what="the replay buffer's write",
+            warmup=lambda: write_rows(*scratch, staging, offsets))
         return graph
 
     def sample(self, batch_size: int, *, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -578,14 +578,17 @@ def capture_graph(
     what: str,
     warmup_steps: int = 1,
     pool: Any = None,
+    warmup: Callable[[], Any] | None = None,
 ) -> tuple[torch.cuda.CUDAGraph, Any]:
     """Capture ``function()`` as a CUDA graph; return the graph and the captured call's result.
 
     For the small graphs around the steps (replay sampling, action selection): ``function``
     reads and writes tensors it holds, so ``graph.replay()`` redoes it on their current
-    values. It runs ``warmup_steps`` times on a side stream first, and the RNG states come
-    back to their values before the call, so capturing consumes no random numbers. Raises
-    :class:`CaptureError` naming ``what`` and the line at fault.
+    values. It runs ``warmup_steps`` times on a side stream first (``warmup`` instead, where
+    given: the same kernels on scratch tensors, for a function whose real run must not
+    happen), and the RNG states come back to their values before the call, so capturing
+    consumes no random numbers. Raises :class:`CaptureError` naming ``what`` and the line at
+    fault.
     """
     rng = (torch.get_rng_state(), torch.cuda.get_rng_state(device))
     generator = torch.cuda.default_generators[device.index or 0]
@@ -596,7 +599,7 @@ def capture_graph(
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(warmup_steps):
-                function()
+                (warmup or function)()
         torch.cuda.current_stream(device).wait_stream(side)
         with _no_garbage_collection(), torch.cuda.graph(graph, pool=pool):
             result = function()
