@@ -108,6 +108,7 @@ class ReplayBuffer:
         self.position_tensor = torch.zeros((), dtype=torch.int64, device=self.device)
         # On CUDA, per staging buffer, a captured write: see _write.
         self._write_graphs: list[torch.cuda.CUDAGraph] | None = None
+        self._write_offsets: torch.Tensor | None = None  # arange(n), read by the write graphs
         self._graph_writes = True  # False once a capture failed
         # Two pinned host staging buffers used in turn (with numpy views of them), each with
         # the event of the last copy reading it; all made once, reused every add.
@@ -259,7 +260,12 @@ class ReplayBuffer:
         """A graph that writes ``staging``'s rows (pinned; read when the graph runs) at the
         device-side position. Its kernels are warmed up on scratch copies of the ring, so
         capturing writes nothing."""
-        offsets = torch.arange(staging.shape[0], device=self.device)
+        n = staging.shape[0]
+        # Held by the buffer: a graph keeps only the addresses of the tensors it reads, and
+        # freed ones are handed out again (the write then lands wherever their new data says).
+        if self._write_offsets is None or self._write_offsets.shape[0] != n:
+            self._write_offsets = torch.arange(n, device=self.device)
+        offsets = self._write_offsets
         scratch = (self.storage[: staging.shape[0]].clone(), self.position_tensor.clone(),
                    self.size_tensor.clone())
         graph, _ = capture_graph(

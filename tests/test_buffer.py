@@ -266,9 +266,15 @@ def test_cuda_adds_replay_a_write_graph_that_equals_the_plain_write(n: int) -> N
     """Each add replays a captured write (two graphs, one per pinned staging buffer): the
     ring ends as a CPU buffer given the same adds, position and fill level included."""
     replay, reference = ReplayBuffer(7, OBS, ACT, "cuda"), ReplayBuffer(7, OBS, ACT, "cpu")
-    for start in range(0, 40 * n, n):
+    replay.add(*batch(0, n))  # captures the write graphs
+    reference.add(*batch(0, n))
+    # Every tensor the graphs read must outlive them: claim the freed small blocks with a
+    # large number, so a graph that reads a freed one writes its rows out of place.
+    clutter = [torch.full((64,), 10**6, dtype=torch.int64, device="cuda") for _ in range(4096)]
+    for start in range(n, 40 * n, n):
         for buffer in (replay, reference):
             buffer.add(*batch(start, n))
+    del clutter
     assert replay._write_graphs is not None and len(replay._write_graphs) == 2
     torch.testing.assert_close(replay.storage.cpu(), reference.storage, rtol=0, atol=0)
     assert replay.position_tensor.item() == replay.position == reference.position
