@@ -211,6 +211,24 @@ def matmul_precision(cfg: Config) -> Iterator[None]:
         torch.set_float32_matmul_precision(previous)
 
 
+@contextlib.contextmanager
+def loop_threads(device: torch.device) -> Iterator[None]:
+    """One intra-op CPU thread while inside, when training on CUDA; the process's count is
+    restored after. There the host's torch work is a few tiny tensors per step, and the idle
+    worker threads cost the loop's own Python and the env steps about a third of their speed
+    (measured on an H200 host: HalfCheetah's step 215 -> 155 µs). On the CPU the updates
+    themselves use the threads, so nothing changes."""
+    if device.type != "cuda":
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
           ) -> dict[str, Any]:
     """Train an agent as ``cfg`` says; return a summary of the run.
@@ -222,7 +240,7 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
     checkpoint in that folder.
     """
     try:
-        with matmul_precision(cfg):
+        with matmul_precision(cfg), loop_threads(resolve_device(cfg)):
             return _train(cfg, actor, critic)
     finally:
         gc.unfreeze()  # see _build_steps

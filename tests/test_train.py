@@ -45,6 +45,18 @@ def test_train_from_python_returns_a_summary(tmp_path: Path) -> None:
     assert summary["mean_return_last_10"] < 0
 
 
+def test_the_cuda_loop_runs_on_one_cpu_thread_and_gives_the_count_back() -> None:
+    previous = torch.get_num_threads()
+    with train_module.loop_threads(torch.device("cuda")):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == previous
+    with pytest.raises(RuntimeError), train_module.loop_threads(torch.device("cuda")):
+        raise RuntimeError("the loop failed")
+    assert torch.get_num_threads() == previous
+    with train_module.loop_threads(torch.device("cpu")):  # CPU updates use the threads
+        assert torch.get_num_threads() == previous
+
+
 def test_tf32_holds_for_the_run_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
     monkeypatch.setattr(train_module, "seed_everything",
