@@ -215,9 +215,9 @@ def matmul_precision(cfg: Config) -> Iterator[None]:
 def loop_threads(device: torch.device) -> Iterator[None]:
     """One intra-op CPU thread while inside, when training on CUDA; the process's count is
     restored after. There the host's torch work is a few tiny tensors per step, and the idle
-    worker threads cost the loop's own Python and the env steps about a third of their speed
-    (measured on an H200 host: HalfCheetah's step 215 -> 155 µs). On the CPU the updates
-    themselves use the threads, so nothing changes."""
+    worker threads made the loop's own Python and the env steps about 40% slower (measured
+    on an H200 host: HalfCheetah's step 215 -> 155 µs). On the CPU the updates themselves
+    use the threads, so nothing changes."""
     if device.type != "cuda":
         yield
         return
