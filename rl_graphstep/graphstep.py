@@ -589,6 +589,11 @@ def capture_graph(
     happen), and the RNG states come back to their values before the call, so capturing
     consumes no random numbers. Raises :class:`CaptureError` naming ``what`` and the line at
     fault.
+
+    The graph keeps the addresses of the tensors ``function`` reads, not the tensors: the
+    caller must hold every one of them for as long as it replays the graph. One held only by
+    a closure is freed when the closure goes, its memory is handed to the next allocation,
+    and replays then read whatever that holds.
     """
     rng = (torch.get_rng_state(), torch.cuda.get_rng_state(device))
     generator = torch.cuda.default_generators[device.index or 0]
