@@ -97,6 +97,10 @@ class Config:
         True, "step the environments while the GPU updates (off: wait for each update, a "
         "benchmark baseline)"
     )
+    action_stream: bool = option(
+        True, "with CUDA graphs, select each action on a stream of its own, from a copy of "
+        "the actor, beside the updates queued after it (off: on the updates' stream)"
+    )
     buffer_size: int = option(1_000_000, "replay buffer capacity in transitions")
     batch_size: int = option(256, "rows per gradient update")
     gamma: float = option(0.99, "discount factor")

@@ -361,6 +361,7 @@ def _train(cfg: Config, actor: NetworkSpec, critic: NetworkSpec) -> dict[str, An
         "graph": agent.use_graph,
         "compile": agent.compile,
         "env_worker": isinstance(envs, EnvWorker),
+        "action_stream": actions_pipe is not None and actions_pipe.side_stream is not None,
         **clock.summary(progress.global_step),
     }
 
@@ -370,9 +371,15 @@ def _build_steps(agent: ActorCritic, buffer: ReplayBuffer, cfg: Config,
     """Capture (or wrap) the update steps, the replay sampling and the action selection:
     compiling is paid once, here."""
     agent.build(buffer)
+    # Exploration noise from the host where the policy takes it: acting then draws nothing
+    # on the device, and with graphs it can run beside the updates, from a copy of the actor.
+    noise_size = agent.exploration_noise_size()
+    beside = cfg.action_stream and agent.use_graph and noise_size > 0
     pipe = ActionPipe(agent.explore, cfg.num_envs, agent.observation_size, action_space,
                       agent.device,
-                      use_graph=agent.use_graph and (None if agent.graph_fallback else True))
+                      use_graph=agent.use_graph and (None if agent.graph_fallback else True),
+                      noise_size=noise_size,
+                      refresh=agent.separate_behaviour_actor() if beside else None)
     if agent.device.type == "cuda":
         torch.cuda.synchronize(agent.device)
     # Compiling leaves hundreds of thousands of long-lived Python objects (600,000 after

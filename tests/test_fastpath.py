@@ -220,6 +220,38 @@ def test_action_pipe_returns_the_policy_actions_and_their_env_scaling() -> None:
         pipe.wait()
 
 
+class NoisyFixedActor(FixedActor):
+    """FixedActor with a ``sample`` that takes its standard normal noise from the caller."""
+
+    def sample(self, obs: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+        noise = torch.randn(len(obs), 1) if noise is None else noise
+        return torch.tanh(self.w * obs[:, :1] + noise)
+
+
+def test_action_pipe_draws_the_noise_on_the_host_and_acts_from_the_refreshed_copy() -> None:
+    sac = SAC(NoisyFixedActor(), LinearCritic(), Config(batch_size=2), observation_size=2,
+              action_size=1, device=CPU)
+    assert sac.exploration_noise_size() == 1
+    refresh = sac.separate_behaviour_actor()
+    assert sac.behaviour_actor is not sac.actor and refresh == sac.separate_behaviour_actor()
+    assert not any(t.requires_grad for t in refresh[0])
+    space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+    pipe = ActionPipe(sac.explore, 3, 2, space, CPU, noise_size=1, refresh=refresh)
+    assert pipe.side_stream is None  # no graph: it acts in line
+    observations = np.random.default_rng(0).normal(size=(3, 2)).astype(np.float32)
+    for update in range(3):
+        np.random.seed(update)
+        pipe.request(observations)
+        np.random.seed(update)  # the noise it drew, from numpy's global generator
+        noise = torch.from_numpy(np.random.standard_normal((3, 1)).astype(np.float32))
+        with torch.no_grad():  # the learned actor's action, not a stale copy's
+            want = torch.tanh(sac.actor.w * torch.from_numpy(observations[:, :1]) + noise)
+        np.testing.assert_array_equal(pipe.wait()[0], want.numpy())
+        with torch.no_grad():
+            sac.actor.w.add_(0.25)  # an update the next action must see
+    assert sac.behaviour_actor.w.item() == 0.5 + 0.25 * 2  # refreshed at the last request
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_action_pipe_scaling_is_scale_action_to_the_bit(seed: int) -> None:
     rng = np.random.default_rng(seed)
