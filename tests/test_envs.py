@@ -12,6 +12,7 @@ import torch
 
 from rl_graphstep.envs import (
     EpisodeStatistics,
+    OneEnvVector,
     check_continuous_spaces,
     make_vec_env,
     scale_action,
@@ -53,6 +54,39 @@ def test_same_seed_same_rollout() -> None:
         return np.stack(trace)
 
     np.testing.assert_array_equal(rollout(), rollout())
+
+
+@pytest.mark.parametrize("env_id", ["Pendulum-v1", "HalfCheetah-v5"])
+def test_one_env_steps_exactly_as_gymnasiums_sync_vector_env(env_id: str) -> None:
+    """Observations, rewards, end flags and infos (final observations included) to the bit,
+    over episode ends (Pendulum's 200-step and HalfCheetah's 1000-step time limits)."""
+    if env_id == "HalfCheetah-v5" and importlib.util.find_spec("mujoco") is None:
+        pytest.skip("needs MuJoCo")
+    ours = make_vec_env(env_id, num_envs=1, seed=3)
+    theirs = gym.make_vec(env_id, num_envs=1, vectorization_mode="sync",
+                          vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    assert isinstance(ours, OneEnvVector) and type(theirs) is gym.vector.SyncVectorEnv
+    for envs in (ours, theirs):
+        envs.action_space.seed(3)
+    np.testing.assert_array_equal(ours.reset(seed=3)[0], theirs.reset(seed=3)[0])
+    ends = 0
+    for _ in range(2100 if env_id == "HalfCheetah-v5" else 450):
+        actions = ours.action_space.sample()
+        assert np.array_equal(actions, theirs.action_space.sample())
+        got, want = ours.step(actions), theirs.step(actions)
+        for mine, reference in zip(got[:4], want[:4], strict=True):
+            assert mine.dtype == reference.dtype and mine.shape == reference.shape
+            np.testing.assert_array_equal(mine, reference)
+        assert got[4].keys() == want[4].keys()
+        for key in want[4].keys() - {"final_obs", "final_info"}:
+            np.testing.assert_array_equal(got[4][key], want[4][key])
+        if "_final_obs" in want[4]:
+            ends += 1
+            np.testing.assert_array_equal(got[4]["_final_obs"], want[4]["_final_obs"])
+            np.testing.assert_array_equal(got[4]["final_obs"][0], want[4]["final_obs"][0])
+    assert ends == 2
+    ours.close()
+    theirs.close()
 
 
 def test_unknown_env_suggests_close_match() -> None:
