@@ -282,9 +282,10 @@ def test_action_pipe_draws_the_noise_on_the_host_and_acts_from_the_refreshed_cop
     sac = SAC(NoisyFixedActor(), LinearCritic(), Config(batch_size=2), observation_size=2,
               action_size=1, device=CPU)
     assert sac.exploration_noise_size() == 1
+    sac.actor.w.grad = torch.ones(())  # as a built step leaves it
     refresh = sac.separate_behaviour_actor()
     assert sac.behaviour_actor is not sac.actor and refresh == sac.separate_behaviour_actor()
-    assert not any(t.requires_grad for t in refresh[0])
+    assert not any(t.requires_grad or t.grad is not None for t in refresh[0])
     space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
     pipe = ActionPipe(sac.explore, 3, 2, space, CPU, noise_size=1, refresh=refresh)
     assert pipe.side_stream is None  # no graph: it acts in line

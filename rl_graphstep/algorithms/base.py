@@ -168,6 +168,8 @@ class ActorCritic:
         the actor, so the two can run at once on two streams."""
         if self.behaviour_actor is self.actor:
             self.behaviour_actor = copy.deepcopy(self.actor).requires_grad_(False)
+            for parameter in self.behaviour_actor.parameters():
+                parameter.grad = None  # the copy never learns: no gradient buffers
         originals = [*self.actor.parameters(), *self.actor.buffers()]
         copies = [*self.behaviour_actor.parameters(), *self.behaviour_actor.buffers()]
         return copies, originals
