@@ -291,10 +291,11 @@ def test_acting_beside_the_updates_learns_exactly_as_acting_after_them(
 
     states = {}
     for flag in ("--action-stream", "--no-action-stream"):
+        name = flag.strip("-")
         summary = train(load_config([*BASE, "--algo", algo, "--graph", "on", "--compile", "off",
-                                     "--log-dir", str(tmp_path), "--run-name", flag, flag]))
+                                     "--log-dir", str(tmp_path), "--run-name", name, flag]))
         assert summary["action_stream"] is (flag == "--action-stream")
-        states[flag] = load_checkpoint(tmp_path / flag)["agent"]
+        states[flag] = load_checkpoint(tmp_path / name)["agent"]
     for part in ("actor", "critic", "target_critic"):
         for key, value in states["--action-stream"][part].items():
             torch.testing.assert_close(value, states["--no-action-stream"][part][key],
