@@ -266,7 +266,7 @@ class ReplayBuffer:
         if self._write_offsets is None or self._write_offsets.shape[0] != n:
             self._write_offsets = torch.arange(n, device=self.device)
         offsets = self._write_offsets
-        scratch = (self.storage[: staging.shape[0]].clone(), self.position_tensor.clone(),
+        scratch = (self.storage[:n].clone(), self.position_tensor.clone(),
                    self.size_tensor.clone())
         graph, _ = capture_graph(
             lambda: write_rows(self.storage, self.position_tensor, self.size_tensor, staging,
