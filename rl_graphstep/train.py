@@ -241,13 +241,15 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
     checkpoint in that folder.
     """
     try:
-        with matmul_precision(cfg), loop_threads(resolve_device(cfg)):
-            return _train(cfg, actor, critic)
+        device = resolve_device(cfg)
+        with matmul_precision(cfg), loop_threads(device):
+            return _train(cfg, device, actor, critic)
     finally:
         gc.unfreeze()  # see _build_steps
 
 
-def _train(cfg: Config, actor: NetworkSpec, critic: NetworkSpec) -> dict[str, Any]:
+def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: NetworkSpec
+           ) -> dict[str, Any]:
     resumed = (load_checkpoint(cfg.resume, env_id=cfg.env_id, algo=cfg.algo)
                if cfg.resume else None)
     run_dir = _run_dir(cfg)
@@ -256,7 +258,6 @@ def _train(cfg: Config, actor: NetworkSpec, critic: NetworkSpec) -> dict[str, An
                           "--resume or pick another --run-name")
     # Resumed from an older checkpoint: the later ones belong to the abandoned timeline.
     set_aside = set_aside_later(run_dir, int(resumed["global_step"])) if resumed else None
-    device = resolve_device(cfg)
     use_graph = resolve_graph(cfg, device)
     seed_everything(cfg.seed)
     envs = make_vec_env(cfg.env_id, num_envs=cfg.num_envs, seed=cfg.seed,
