@@ -100,10 +100,11 @@ class ActionPipe:
                 warnings.warn(f"{error}; selecting actions eagerly instead", stacklevel=2)
         # The action's own stream: only for a graph that draws no random numbers (replays
         # on two streams would share the generator's device-side offset) and reads a copy
-        # of the actor (the update queued after it rewrites the actor).
+        # of the actor (the update queued after it rewrites the actor). A high priority: the
+        # host waits for the action alone, so its blocks go before the update's.
         self.side_stream: torch.cuda.Stream | None = None
         if self.graph is not None and noise_size and refresh is not None:
-            self.side_stream = torch.cuda.Stream(device)
+            self.side_stream = torch.cuda.Stream(device, priority=-1)
             self._refreshed = torch.cuda.Event()
 
     def _capture(self, device: torch.device) -> tuple[torch.cuda.CUDAGraph, Tensor]:
