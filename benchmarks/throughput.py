@@ -207,7 +207,7 @@ def host_split(env_id: str, mode: str, steps: int, learning_starts: int) -> None
     from rl_graphstep.acting import ActionPipe
     from rl_graphstep.algorithms.base import ActorCritic
     from rl_graphstep.envs import EnvStepper, EpisodeStatistics
-    from rl_graphstep.logger import Logger
+    from rl_graphstep.metrics import MetricSums
 
     totals: dict[str, int] = {}
     counts: dict[str, int] = {}
@@ -234,7 +234,7 @@ def host_split(env_id: str, mode: str, steps: int, learning_starts: int) -> None
         (ActionPipe, "request", "action: request (copy in, replay, copy out)"),
         (ActionPipe, "wait", "action: wait"),
         (ActorCritic, "update_from", "updates: update_from"),
-        (Logger, "accumulate", "updates: logger.accumulate"),
+        (MetricSums, "add", "updates: metric sums (where not in the graph)"),
         (EnvStepper, "start", "env: start"),
         (EnvStepper, "finish", "env: finish (the step, or the wait for it)"),
         (EpisodeStatistics, "update", "env: episode statistics"),

@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
+from rl_graphstep.metrics import MetricSums
+
 if TYPE_CHECKING:
     from rl_graphstep.config import Config
 
@@ -31,7 +33,8 @@ class Logger:
         config_table: markdown written once as text under the tag `hyperparameters`.
         purge_step: on resume, events at or after this step from a crashed run are hidden.
 
-    `accumulate` never syncs with the device; `write` syncs once and logs the interval means.
+    `accumulate` (or an agent's update graphs, through `sums`) never syncs with the device;
+    `write` syncs once and logs the interval means.
     Sums not yet written when the logger closes are dropped (they have no step to log at).
     """
 
@@ -44,58 +47,22 @@ class Logger:
     ) -> None:
         self.run_dir = Path(run_dir)
         self._writer = SummaryWriter(str(self.run_dir), purge_step=purge_step)
-        self._sums: dict[str, torch.Tensor] = {}
-        # Calls per set of keys (the delayed actor's metrics come every other update) and the
-        # sums each set adds into, so a call costs one dict lookup and one launch.
-        self._calls: dict[tuple[str, ...], int] = {}
-        self._groups: dict[tuple[str, ...], list[torch.Tensor]] = {}
+        # The running sums `accumulate` adds into; the training loop binds them to the agent,
+        # whose update graphs then add into them on the device.
+        self.sums = MetricSums()
         self._closed = False
         if config_table is not None:
             self._writer.add_text("hyperparameters", config_table)
 
     def accumulate(self, values: dict[str, torch.Tensor]) -> None:
         """Add each 0-dim tensor into its key's running sum, on its own device, without a sync."""
-        keys = tuple(values)
-        sums = self._groups.get(keys)
-        if sums is None:  # a new set of keys: check and create once, then reuse the list
-            for key, value in values.items():
-                if value.dim() != 0:
-                    raise ValueError(
-                        f"logged value {key!r} must be a 0-dim tensor, got {value.shape}")
-                if key not in self._sums:
-                    # float32 even for integer tensors, so the mean is a true division.
-                    self._sums[key] = torch.zeros((), dtype=torch.float32, device=value.device)
-            sums = self._groups[keys] = [self._sums[k] for k in keys]
-            self._calls[keys] = 0
-        self._calls[keys] += 1
-        if values:
-            # One fused kernel for all keys instead of one add per key.
-            with torch.no_grad():
-                torch._foreach_add_(sums, list(values.values()))
+        self.sums.add(values)
 
     def write(self, step: int) -> dict[str, float]:
         """Log and return each key's mean since the last write, then reset the sums."""
-        if not self._sums:
-            return {}
-        keys = list(self._sums)
-        counts = dict.fromkeys(keys, 0)
-        for group_keys, calls in self._calls.items():
-            for key in group_keys:
-                counts[key] += calls
-        means: dict[str, float] = {}
-        # Grouped by device: one host sync for the usual single-device run.
-        for device in {s.device for s in self._sums.values()}:
-            group = [k for k in keys if self._sums[k].device == device]
-            totals = torch.stack([self._sums[k] for k in group]).tolist()
-            means.update(
-                {k: total / counts[k] for k, total in zip(group, totals, strict=True)}
-            )
-        means = {k: means[k] for k in keys}
+        means = self.sums.take()
         for key, mean in means.items():
             self._writer.add_scalar(key, mean, step)
-        self._sums.clear()
-        self._calls.clear()
-        self._groups.clear()
         return means
 
     def scalar(self, tag: str, value: float, step: int) -> None:

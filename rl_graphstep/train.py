@@ -58,6 +58,7 @@ from rl_graphstep.envs import (
 from rl_graphstep.envworker import EnvWorker
 from rl_graphstep.errors import ConfigError, RLGraphstepError
 from rl_graphstep.logger import Logger, run_name
+from rl_graphstep.metrics import MetricSums
 from rl_graphstep.plugins import build_network, check_actor, check_critic
 
 NetworkSpec = str | type | nn.Module | None
@@ -297,7 +298,7 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
 
         def update() -> None:
             for _ in range(cfg.updates_per_step):
-                logger.accumulate(agent.update_from(buffer))
+                agent.update_from(buffer)  # adds its metrics into logger.sums
             if not cfg.overlap and device.type == "cuda":
                 torch.cuda.synchronize(device)
 
@@ -307,7 +308,7 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
                         and len(buffer) >= cfg.batch_size)
             if updating and actions_pipe is None:
                 began = time.perf_counter()
-                actions_pipe = _build_steps(agent, buffer, cfg, action_space)
+                actions_pipe = _build_steps(agent, buffer, cfg, action_space, logger.sums)
                 clock.build_seconds = time.perf_counter() - began
                 bar.write(f"updates: {_describe_mode(agent)}; built in "
                           f"{clock.build_seconds:.1f} s")
@@ -367,10 +368,10 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
 
 
 def _build_steps(agent: ActorCritic, buffer: ReplayBuffer, cfg: Config,
-                 action_space: gym.spaces.Box) -> ActionPipe:
+                 action_space: gym.spaces.Box, metrics: MetricSums) -> ActionPipe:
     """Capture (or wrap) the update steps, the replay sampling and the action selection:
-    compiling is paid once, here."""
-    agent.build(buffer)
+    compiling is paid once, here. The updates add their metrics into ``metrics``."""
+    agent.build(buffer, metrics=metrics)
     pipe = ActionPipe(agent.explore, cfg.num_envs, agent.observation_size, action_space,
                       agent.device,
                       use_graph=agent.use_graph and (None if agent.graph_fallback else True))

@@ -3,6 +3,7 @@ the action pipe, several updates per step, async envs and the new flags."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from rl_graphstep.config import Config, load_config
 from rl_graphstep.envs import EnvStepper, EpisodeStatistics, make_vec_env, scale_action
 from rl_graphstep.errors import CaptureError, ConfigError
 from rl_graphstep.graphstep import EagerAdaptationStep
+from rl_graphstep.metrics import MetricSums
 from rl_graphstep.train import main, resolve_compile, train
 
 CPU = torch.device("cpu")
@@ -158,6 +160,54 @@ def test_fused_updates_run_each_phase_of_the_schedule_like_separate_replays(
         for key in metrics[0]:
             torch.testing.assert_close(metrics[1][key], metrics[0][key], rtol=0, atol=0)
     assert separate.updates == fused.updates == 2 * phases + 1
+    assert_same_learning_state(fused, separate)
+
+
+def test_fused_updates_add_their_metrics_into_the_bound_sums_as_separate_replays_do(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bound sums: the separate replays add each update's metrics after it, the fused
+    graphs add them inside (recorded once a first capture has named them) and only count on
+    the host; the interval means come out the same, to the bit."""
+    buffer = filled_buffer()
+    cfg = Config(gamma=0.9, tau=0.1, batch_size=4)
+    agents = [SAC(FixedActor(), LinearCritic(), cfg, observation_size=2, action_size=1,
+                  device=CPU) for _ in range(2)]
+    sums = [MetricSums(), MetricSums()]
+    for agent, bound in zip(agents, sums, strict=True):
+        agent.build(buffer, metrics=bound)
+    separate, fused = agents
+
+    def capture(function: Callable, device: torch.device, **_: object) -> tuple:
+        # A real capture records without running; here the call runs once for its metrics,
+        # and everything it changed is put back.
+        parts = {name: copy.deepcopy(part if isinstance(part, torch.Tensor)
+                                     else part.state_dict())
+                 for name, part in fused.checkpointed().items()}
+        totals = {k: t.clone() for k, t in sums[1]._sums.items()}
+        rng = torch.get_rng_state()
+        call = ReplayedCall(fused, function)
+        call.replay()
+        torch.set_rng_state(rng)
+        for name, part in fused.checkpointed().items():
+            if isinstance(part, torch.Tensor):
+                part.detach().copy_(parts[name])
+            else:
+                part.load_state_dict(parts[name])
+        for key, total in totals.items():
+            sums[1]._sums[key].copy_(total)
+        return call, call.metrics
+
+    monkeypatch.setattr(base, "capture_graph", capture)
+    fused.fused_updates = fused._capture_fused_updates(fused.update_period())
+    assert [f.adds_into for f in fused.fused_updates] == [sums[1], sums[1]]
+    assert [len(f.keys) for f in fused.fused_updates] == [6, 2]  # actor metrics in phase 0
+    for interval in range(3):
+        for update in range(5):
+            for agent in agents:
+                torch.manual_seed(10 * interval + update)
+                agent.update_from(buffer)
+        means = [bound.take() for bound in sums]
+        assert means[1] == means[0] and len(means[0]) == 6, f"interval {interval}"
     assert_same_learning_state(fused, separate)
 
 

@@ -19,6 +19,7 @@ from rl_graphstep.buffer import BatchSampler, ReplayBuffer
 from rl_graphstep.config import Config, load_config
 from rl_graphstep.errors import CaptureError
 from rl_graphstep.graphstep import CudaGraphAdaptationStep, EagerAdaptationStep
+from rl_graphstep.metrics import MetricSums
 from rl_graphstep.networks import SquashedGaussianActor
 from rl_graphstep.train import train
 
@@ -114,10 +115,12 @@ def test_fused_update_graphs_match_the_separate_graphs_bit_for_bit(compile: bool
     """One graph per update (sampling, critic, target update, actor steps when due) runs the
     separate graphs' kernels in their order, drawing the same random numbers."""
     buffer = filled_buffer()
-    agents, metrics = {}, {}
+    agents, metrics, means = {}, {}, {}
     for fuse in (False, True):
-        agent = sac(True, compile)
-        agent.build(buffer, fuse=fuse)
+        agent, sums = sac(True, compile), MetricSums()
+        # The fused graphs also add the metrics into the logger's sums; the separate
+        # replays add them after each update.
+        agent.build(buffer, fuse=fuse, metrics=sums)
         torch.manual_seed(11)
         history, keys = [], None
         for _ in range(50):
@@ -125,9 +128,11 @@ def test_fused_update_graphs_match_the_separate_graphs_bit_for_bit(compile: bool
             keys = keys or sorted(live)  # the first update's: an actor update's
             history.append(torch.stack([live.get(k, torch.zeros((), device=DEVICE))
                                         for k in keys]).clone())
-        metrics[fuse], agents[fuse] = torch.stack(history), agent
+        metrics[fuse], agents[fuse], means[fuse] = torch.stack(history), agent, sums.take()
     assert agents[False].fused_updates is None and len(agents[True].fused_updates) == 2
+    assert all(f.adds_into is not None for f in agents[True].fused_updates)
     torch.testing.assert_close(metrics[True], metrics[False], rtol=0, atol=0)
+    assert means[True] == means[False] and len(means[True]) == len(keys)
     assert_same_learning_state(agents[True], agents[False])
 
 

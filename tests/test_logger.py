@@ -11,6 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from rl_graphstep.config import Config, to_markdown_table
 from rl_graphstep.logger import Logger, run_name
+from rl_graphstep.metrics import MetricSums
 
 
 def read_events(run_dir: Path) -> EventAccumulator:
@@ -42,10 +43,34 @@ def test_accumulate_keeps_sums_on_the_values_device(tmp_path: Path) -> None:
     with Logger(tmp_path) as logger:
         logger.accumulate({"a": torch.tensor(1, dtype=torch.int64)})
         logger.accumulate({"a": torch.tensor(2.0, requires_grad=True) * 1})
-        assert logger._sums["a"].device == torch.device("cpu")
+        assert logger.sums._sums["a"].device == torch.device("cpu")
         assert logger.write(0) == {"a": 1.5}
         with pytest.raises(ValueError, match="must be a 0-dim tensor"):
             logger.accumulate({"b": torch.ones(2)})
+
+
+def test_metric_sums_added_on_the_device_and_counted_apart_keep_their_tensors() -> None:
+    """The split a graph uses: the sums made once, the add recorded (here: run), the count
+    made per replay; taking the means zeroes the same tensors, so a graph adds on."""
+    sums = MetricSums()
+    critic = {"losses/critic": torch.tensor(0.0)}
+    both = {"losses/critic": torch.tensor(0.0), "losses/actor": torch.tensor(0.0)}
+    keys = sums.prepare(critic), sums.prepare(both)
+    tensors = dict(sums._sums)
+    for value in (1.0, 2.0, 6.0):  # the graph writes its live outputs, then adds them
+        critic["losses/critic"].fill_(value)
+        sums.add_on_device(critic)
+        sums.count(keys[0])
+    both["losses/critic"].fill_(3.0)
+    both["losses/actor"].fill_(-4.0)
+    sums.add_on_device(both)
+    sums.count(keys[1])
+    assert sums.take() == {"losses/critic": 3.0, "losses/actor": -4.0}
+    assert all(sums._sums[k] is t and t.item() == 0.0 for k, t in tensors.items())
+    sums.add_on_device(critic)
+    sums.count(keys[0])
+    assert sums.take() == {"losses/critic": 6.0}  # a key set not added since is left out
+    assert sums.take() == {}
 
 
 def test_event_file_holds_scalars_episodes_and_config(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import copy
 import math
 import warnings
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import gymnasium as gym
 import torch
@@ -27,11 +27,22 @@ from rl_graphstep.graphstep import (
     clip_grad_norm,
     make_adaptation_step,
 )
+from rl_graphstep.metrics import MetricSums
 from rl_graphstep.networks import EnsembleCritic, StateActionInput
 
 # Fused update graphs are built for schedules that repeat within this many updates; a longer
 # period (unusual frequencies) replays the separate graphs instead.
 MAX_FUSED_PHASES = 16
+
+
+class FusedUpdate(NamedTuple):
+    """One phase's fused update graph, the live metrics it writes, their key set, and the
+    metric sums it adds them into (None: it adds them nowhere)."""
+
+    graph: Any
+    metrics: dict[str, Tensor]
+    keys: tuple[str, ...]
+    adds_into: MetricSums | None
 
 
 class PolyakAverage:
@@ -105,8 +116,10 @@ class ActorCritic:
         self.critic_step: AdaptationStep | None = None
         self.actor_step: AdaptationStep | None = None
         self.sampler: BatchSampler | None = None
-        # (graph, its live metrics) per phase of the update schedule; see update_from.
-        self.fused_updates: list[tuple[Any, dict[str, Tensor]]] | None = None
+        # One per phase of the update schedule; see update_from.
+        self.fused_updates: list[FusedUpdate] | None = None
+        # Where update_from adds its metrics (bound by build); None: nowhere.
+        self.metric_sums: MetricSums | None = None
         self.updates = 0
 
     def adam(self, params: Any, **kwargs: Any) -> torch.optim.Adam:
@@ -230,17 +243,27 @@ class ActorCritic:
         critic step, target update, actor steps when due) is one fused graph per phase of
         the update schedule: one launch per update.
 
-        Its metrics are live tensors that the next update overwrites: accumulate or copy
-        them at once (the logger does)."""
+        Its metrics are live tensors that the next update overwrites: copy them at once if
+        you keep them. Where :meth:`build` bound ``metrics``, they are also added into
+        those sums, by the fused graph itself where there is one."""
         self.build(buffer)
         assert self.sampler is not None
+        sums = self.metric_sums
         if self.fused_updates is not None:
-            graph, metrics = self.fused_updates[self.updates % len(self.fused_updates)]
-            graph.replay()
+            fused = self.fused_updates[self.updates % len(self.fused_updates)]
+            fused.graph.replay()
             self.updates += 1
-            return metrics
+            if sums is not None:
+                if fused.adds_into is sums:
+                    sums.count(fused.keys)
+                else:
+                    sums.add(fused.metrics)
+            return fused.metrics
         self.sampler()
-        return self._replay_steps(live=True)
+        metrics = self._replay_steps(live=True)
+        if sums is not None:
+            sums.add(metrics)
+        return metrics
 
     def update_period(self) -> int | None:
         """The number of updates after which the update sequence repeats: ``after_*`` hooks
@@ -248,10 +271,17 @@ class ActorCritic:
         when they depend on it otherwise (no fused update graphs are built then)."""
         return math.lcm(self.cfg.policy_frequency, self.cfg.target_network_frequency)
 
-    def build(self, buffer: ReplayBuffer, *, fuse: bool = True) -> None:
+    def build(self, buffer: ReplayBuffer, *, fuse: bool = True,
+              metrics: MetricSums | None = None) -> None:
         """Capture the steps (from an example sample) and the sampling from ``buffer``, if
         not done yet; runs no update. With CUDA graphs and ``fuse``, also capture the fused
-        update graphs :meth:`update_from` replays (see :meth:`update_period`)."""
+        update graphs :meth:`update_from` replays (see :meth:`update_period`).
+
+        ``metrics`` binds the sums :meth:`update_from` adds each update's metrics into (the
+        training loop passes its logger's); the fused graphs then make the add themselves.
+        Bind them at the first build: graphs built before keep adding nowhere."""
+        if metrics is not None:
+            self.metric_sums = metrics
         if self.sampler is not None and self.sampler.buffer is buffer:
             return
         if self.critic_step is None or self.actor_step is None:
@@ -272,29 +302,48 @@ class ActorCritic:
                 warnings.warn(f"{error}; replaying the separate step graphs instead",
                               stacklevel=2)
 
-    def _capture_fused_updates(self, period: int) -> list[tuple[Any, dict[str, Tensor]]]:
+    def _capture_fused_updates(self, period: int) -> list[FusedUpdate]:
         """One graph per phase of the update schedule, each recording the sampling and the
         steps' updates in the order :meth:`_replay_steps` replays them: the same kernels in
         the same order, with one launch (and one random-number offset update) per update
-        instead of one per graph and per target update."""
+        instead of one per graph and per target update. With bound metric sums, the graph
+        also adds its metrics into them: no launch of its own for the logging."""
         assert self.sampler is not None
         assert self.critic_step is not None and self.actor_step is not None
         sampler, critic, actor = self.sampler, self.critic_step, self.actor_step
+        sums = self.metric_sums
 
-        def fused_update() -> dict[str, Tensor]:
+        def fused_update(add: bool) -> dict[str, Tensor]:
             sampler.draw()
-            return self._update_sequence(critic.run_update, actor.run_update)
+            metrics = self._update_sequence(critic.run_update, actor.run_update)
+            if add:
+                assert sums is not None
+                sums.add_on_device(metrics)
+            return metrics
+
+        def capture(phase: int, add: bool) -> tuple[Any, dict[str, Tensor]]:
+            return capture_graph(lambda: fused_update(add), self.device, warmup_steps=0,
+                                 what=f"the fused update (phase {phase})")
 
         updates = self.updates
-        graphs = []
+        fused = []
         try:
             for phase in range(period):
                 self.updates = phase  # the hooks take this phase's branches
-                graphs.append(capture_graph(fused_update, self.device, warmup_steps=0,
-                                            what=f"the fused update (phase {phase})"))
+                graph, metrics = capture(phase, add=False)
+                if sums is None:
+                    fused.append(FusedUpdate(graph, metrics, tuple(metrics), None))
+                    continue
+                # That capture named the phase's metrics: their sums must exist before the
+                # graph that adds into them is recorded (made inside, they would be reset on
+                # every replay). Capturing records only, so recording again is free of effects.
+                keys = sums.prepare(metrics)
+                del graph, metrics
+                graph, metrics = capture(phase, add=True)
+                fused.append(FusedUpdate(graph, metrics, keys, sums))
         finally:
             self.updates = updates
-        return graphs
+        return fused
 
     def _update_sequence(self, critic: Callable[[], Tensor], actor: Callable[[], Any]
                          ) -> dict[str, Tensor]:
