@@ -1,19 +1,21 @@
 """Learning curve from tensorboard run folders: raw episode returns and a moving average, as PNG.
 
 Reads one scalar tag (``charts/episodic_return`` by default, x = global env step) from each
-run folder, plots the raw points faintly and a trailing mean over ``--smooth`` episodes boldly,
-one colour per run, with an optional dashed reference line. Prints one summary line per run.
+run folder, or a ``step,value`` CSV file that ``--csv-dir`` wrote earlier, plots the raw
+points faintly and a trailing mean over ``--smooth`` episodes boldly, one colour per run,
+with an optional dashed reference line. Prints one summary line per run.
 A resumed run's several event files in one folder are read together; where a step was written
 more than once, the last written value is kept. Needs matplotlib (not a project dependency).
 
-    python benchmarks/plot_curve.py RUN_DIR [RUN_DIR ...] --out benchmarks/halfcheetah_sac.png \\
-        [--tag charts/episodic_return] [--title TEXT] [--smooth 10] \\
+    python benchmarks/plot_curve.py RUN_DIR|CSV [RUN_DIR|CSV ...] --out benchmarks/curve.png \\
+        [--tag charts/episodic_return] [--title TEXT] [--smooth 10] [--csv-dir DIR] \\
         [--reference 9635 --reference-label "CleanRL SAC, 1M steps"]
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import logging
 import sys
 from collections.abc import Sequence
@@ -54,6 +56,30 @@ def read_scalars(run_dir: Path, tag: str) -> tuple[list[int], list[float]]:
     return steps, [by_step[s] for s in steps]
 
 
+def read_csv(path: Path) -> tuple[list[int], list[float]]:
+    """Return (steps, values) from a ``step,value`` CSV file with a header row."""
+    try:
+        with path.open(newline="") as file:
+            rows = list(csv.reader(file))[1:]
+        points = sorted((int(float(step)), float(value)) for step, value in rows)
+    except OSError as err:
+        raise CurveError(f"{path}: {err.strerror}") from err
+    except ValueError as err:
+        raise CurveError(f"{path}: not a step,value CSV with a header row ({err})") from err
+    if not points:
+        raise CurveError(f"{path}: no rows below the header")
+    return [step for step, _ in points], [value for _, value in points]
+
+
+def write_csv(path: Path, tag: str, steps: Sequence[int], values: Sequence[float]) -> None:
+    """Write one curve as a ``step,value`` CSV file (header ``step,<tag's last part>``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as file:
+        writer = csv.writer(file)
+        writer.writerow(["step", tag.rsplit("/", 1)[-1]])
+        writer.writerows((step, f"{value:.2f}") for step, value in zip(steps, values, strict=True))
+
+
 def trailing_mean(values: Sequence[float], window: int) -> list[float]:
     """Mean of each value and up to `window - 1` values before it (fewer at the start)."""
     if window < 1:
@@ -90,8 +116,8 @@ def summary_line(name: str, steps: Sequence[int], values: Sequence[float]) -> st
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     """Command-line options; see the module docstring."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR",
-                        help="tensorboard run folder(s); one curve each")
+    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR|CSV",
+                        help="tensorboard run folder(s) or step,value CSV files; one curve each")
     parser.add_argument("--out", type=Path, required=True, help="PNG file to write")
     parser.add_argument("--tag", default=DEFAULT_TAG, help=f"scalar tag (default {DEFAULT_TAG})")
     parser.add_argument("--title", default=None, help="plot title (default: the run name(s))")
@@ -101,6 +127,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="y value of a dashed horizontal reference line")
     parser.add_argument("--reference-label", default="reference",
                         help="legend label of the reference line")
+    parser.add_argument("--csv-dir", type=Path, default=None,
+                        help="also write each run folder's curve to DIR/RUN_NAME.csv")
     args = parser.parse_args(argv)
     if args.smooth < 1:
         parser.error("--smooth must be at least 1")
@@ -124,9 +152,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("tensorboard").setLevel(logging.ERROR)
     curves: list[tuple[str, list[int], list[float]]] = []
     try:
-        for run_dir in args.runs:
-            steps, values = read_scalars(run_dir, args.tag)
-            curves.append((run_dir.resolve().name, steps, values))
+        for run in args.runs:
+            if run.suffix == ".csv":
+                curves.append((run.stem, *read_csv(run)))
+                continue
+            steps, values = read_scalars(run, args.tag)
+            curves.append((run.resolve().name, steps, values))
+            if args.csv_dir is not None:
+                write_csv(args.csv_dir / f"{run.resolve().name}.csv", args.tag, steps, values)
     except CurveError as err:
         print(f"plot_curve.py: error: {err}", file=sys.stderr)
         return 2

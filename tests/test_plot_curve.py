@@ -136,3 +136,41 @@ def test_missing_or_empty_folder_is_an_error(
     expected = "no such folder" if make == "missing" else "no tensorboard event files"
     assert expected in err
     assert len(err.splitlines()) == 1
+
+
+def test_a_written_csv_reads_back_as_the_same_curve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "hc1m"
+    write_events(run_dir, 1, [(3_000, -12.5), (1_000, -405.74), (2_000, 240.7)])
+    script = load_script()
+    code = script.main([str(run_dir), "--out", str(tmp_path / "a.png"),
+                        "--csv-dir", str(tmp_path / "csv")])
+    written = tmp_path / "csv" / "hc1m.csv"
+    assert code == 0
+    assert written.read_text().splitlines() == [
+        "step,episodic_return", "1000,-405.74", "2000,240.70", "3000,-12.50"]
+
+    capsys.readouterr()
+    code = script.main([str(written), str(run_dir), "--out", str(tmp_path / "b.png")])
+
+    assert code == 0
+    lines = capsys.readouterr().out.splitlines()
+    # The CSV curve is named by its file and summarised exactly as the run folder it came from.
+    assert lines[0] == lines[1] == (
+        "hc1m: 3 episodes, last step 3000, mean of last 3 returns -59.18")
+    assert script.read_csv(written) == ([1000, 2000, 3000], [-405.74, 240.7, -12.5])
+
+
+def test_a_csv_without_step_value_rows_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("step,episodic_return\n1000,high\n")
+
+    code = load_script().main([str(bad), "--out", str(tmp_path / "curve.png")])
+
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "bad.csv: not a step,value CSV with a header row" in err
