@@ -286,13 +286,15 @@ def test_every_loop_mode_runs(flags: list[str], tmp_path: Path) -> None:
 def test_acting_beside_the_updates_learns_exactly_as_acting_after_them(
         algo: str, tmp_path: Path) -> None:
     """The action stream changes when the action runs, not what it computes: the copy holds
-    the actor as the action would have seen it on the updates' stream."""
+    the actor as the action would have seen it on the updates' stream, and the action's
+    graph shares no scratch memory with the updates' (compiled, they use cuBLAS workspace:
+    captured on one stream, they corrupted each other's matmuls and SAC stopped learning)."""
     from rl_graphstep.checkpoint import load_checkpoint
 
     states = {}
     for flag in ("--action-stream", "--no-action-stream"):
         name = flag.strip("-")
-        summary = train(load_config([*BASE, "--algo", algo, "--graph", "on", "--compile", "off",
+        summary = train(load_config([*BASE, "--algo", algo, "--graph", "on", "--compile", "on",
                                      "--log-dir", str(tmp_path), "--run-name", name, flag]))
         assert summary["action_stream"] is (flag == "--action-stream")
         states[flag] = load_checkpoint(tmp_path / name)["agent"]
