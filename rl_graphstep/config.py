@@ -98,8 +98,10 @@ class Config:
         "benchmark baseline)"
     )
     action_stream: bool = option(
-        True, "with CUDA graphs, select each action on a stream of its own, from a copy of "
-        "the actor, beside the updates queued after it (off: on the updates' stream)"
+        False, "with CUDA graphs, select each action on a stream of its own, beside the "
+        "updates queued after it: from a copy of the actor refreshed before each action, with "
+        "the exploration noise drawn on the host (off: on the updates' stream, noise drawn "
+        "on the device)"
     )
     buffer_size: int = option(1_000_000, "replay buffer capacity in transitions")
     batch_size: int = option(256, "rows per gradient update")

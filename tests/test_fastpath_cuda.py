@@ -278,27 +278,39 @@ def test_every_loop_mode_runs(flags: list[str], tmp_path: Path) -> None:
     assert summary["graph"] is (flags[1] == "on")
     assert summary["compile"] is (flags[:2] == ["--graph", "on"] and "--compile" not in flags)
     assert summary["learning_sps"] > 0 and summary["host_us_per_iteration"] > 0
-    # SAC's default actor takes host noise, so with graphs it acts on a stream of its own.
-    assert summary["action_stream"] is (flags[1] == "on")
+    assert summary["action_stream"] is False  # opt-in: --action-stream
 
 
 @pytest.mark.parametrize("algo", ["sac", "td3"])
 def test_acting_beside_the_updates_learns_exactly_as_acting_after_them(
-        algo: str, tmp_path: Path) -> None:
+        algo: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The action stream changes when the action runs, not what it computes: the copy holds
     the actor as the action would have seen it on the updates' stream, and the action's
     graph shares no scratch memory with the updates' (compiled, they use cuBLAS workspace:
-    captured on one stream, they corrupted each other's matmuls and SAC stopped learning)."""
+    when every capture shared one, they corrupted each other's matmuls and SAC stopped
+    learning)."""
+    from rl_graphstep import train as train_module
     from rl_graphstep.checkpoint import load_checkpoint
 
+    class InLine(ActionPipe):
+        """The same pipe (host noise, refreshed copy), launched on the updates' stream."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            assert self.side_stream is not None
+            self.side_stream = None
+
     states = {}
-    for flag in ("--action-stream", "--no-action-stream"):
-        name = flag.strip("-")
-        summary = train(load_config([*BASE, "--algo", algo, "--graph", "on", "--compile", "on",
-                                     "--log-dir", str(tmp_path), "--run-name", name, flag]))
-        assert summary["action_stream"] is (flag == "--action-stream")
-        states[flag] = load_checkpoint(tmp_path / name)["agent"]
+    for name in ("beside", "in-line"):
+        with monkeypatch.context() as patch:
+            if name == "in-line":
+                patch.setattr(train_module, "ActionPipe", InLine)
+            summary = train(load_config([*BASE, "--algo", algo, "--graph", "on", "--compile",
+                                         "on", "--action-stream", "--log-dir", str(tmp_path),
+                                         "--run-name", name]))
+        assert summary["action_stream"] is (name == "beside")
+        states[name] = load_checkpoint(tmp_path / name)["agent"]
     for part in ("actor", "critic", "target_critic"):
-        for key, value in states["--action-stream"][part].items():
-            torch.testing.assert_close(value, states["--no-action-stream"][part][key],
+        for key, value in states["beside"][part].items():
+            torch.testing.assert_close(value, states["in-line"][part][key],
                                        rtol=0, atol=0, msg=f"{part}.{key}")
