@@ -36,6 +36,9 @@ MODES: dict[str, list[str]] = {
     "graph+compile": ["--graph", "on", "--compile", "on", "--no-overlap"],
     "graph+overlap": ["--graph", "on", "--compile", "off"],
     "graph+compile+overlap (default)": ["--graph", "on", "--compile", "on"],
+    # The action on a stream of its own, beside the updates (opt-in: host-drawn noise).
+    "graph+compile+overlap+action stream": ["--graph", "on", "--compile", "on",
+                                            "--action-stream"],
     # The envs step in a worker process while the host launches the updates.
     "graph+compile+overlap+env worker": ["--graph", "on", "--compile", "on", "--env-worker"],
     # With TF32 tensor-core matmuls.

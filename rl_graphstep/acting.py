@@ -19,8 +19,9 @@ from torch import Tensor
 from rl_graphstep.errors import CaptureError
 from rl_graphstep.graphstep import capture_graph
 
-Policy = Callable[[Tensor], Tensor]
-"""Maps observations (N, O) on the device to actions (N, A), drawing any noise on the device."""
+Policy = Callable[..., Tensor]
+"""Maps observations (N, O) on the device to actions (N, A); given a second argument, the
+standard normal noise (N, K) to explore with, it draws nothing on the device."""
 
 
 class ActionPipe:
@@ -35,6 +36,13 @@ class ActionPipe:
         device: where the policy runs.
         use_graph: capture the policy as a CUDA graph; ``None``: try, and act eagerly with a
             warning when it cannot be captured; ``False``: eager.
+        noise_size: K > 0: draw the exploration noise (N, K) on the host, from numpy's global
+            generator (seeded and checkpointed with the run), send it in with the
+            observations and pass it to the policy: acting then draws nothing on the device.
+        refresh: ``(copies, originals)``: the tensors of the actor copy the policy reads and
+            of the learned actor, copied over before each action (see
+            ``ActorCritic.separate_behaviour_actor``). With a graph and host noise, the action
+            then runs on a stream of its own, beside the updates queued after it.
 
     :meth:`request` and :meth:`wait` alternate: request queues the work and returns at once,
     wait blocks until the actions are on the host and returns them. Both are issued on the
@@ -50,6 +58,8 @@ class ActionPipe:
         device: torch.device,
         *,
         use_graph: bool | None = False,
+        noise_size: int = 0,
+        refresh: tuple[list[Tensor], list[Tensor]] | None = None,
     ) -> None:
         self.policy = policy
         on_cuda = device.type == "cuda"
@@ -59,12 +69,20 @@ class ActionPipe:
         # (high - low) / 2, made once: (a + 1) * it equals scale_action's (a + 1) * 0.5 *
         # (high - low) to the bit (halving is exact), with two kernels fewer per action.
         self._half_range = (self._high - self._low) * 0.5
-        self._host_observations = torch.zeros(num_envs, observation_size, pin_memory=on_cuda)
-        self._observations = torch.zeros(num_envs, observation_size, device=device)
+        # [observations | noise] rows: one transfer in.
+        self._noise_shape = (num_envs, noise_size)
+        width = observation_size + noise_size
+        self._host_inputs = torch.zeros(num_envs, width, pin_memory=on_cuda)
+        self._inputs = torch.zeros(num_envs, width, device=device)
+        self._observations = self._inputs[:, :observation_size]
+        self._noise = self._inputs[:, observation_size:] if noise_size else None
         self._host_actions = torch.zeros(num_envs, 2 * self.action_size, pin_memory=on_cuda)
         # numpy views made once: the loop touches them every step.
-        self._host_observations_view = self._host_observations.numpy()
+        self._host_inputs_view = self._host_inputs.numpy()
+        self._host_observations_view = self._host_inputs_view[:, :observation_size]
+        self._host_noise_view = self._host_inputs_view[:, observation_size:]
         self._host_actions_view = self._host_actions.numpy()
+        self._refresh = refresh
         self._ready = torch.cuda.Event() if on_cuda else None
         # Fetched once: current_stream() costs more than the copies it would order.
         self._stream = torch.cuda.current_stream(device) if on_cuda else None
@@ -80,6 +98,14 @@ class ActionPipe:
                 if use_graph:
                     raise
                 warnings.warn(f"{error}; selecting actions eagerly instead", stacklevel=2)
+        # The action's own stream: only for a graph that draws no random numbers (replays
+        # on two streams would share the generator's device-side offset) and reads a copy
+        # of the actor (the update queued after it rewrites the actor). A high priority: the
+        # host waits for the action alone, so its blocks go before the update's.
+        self.side_stream: torch.cuda.Stream | None = None
+        if self.graph is not None and noise_size and refresh is not None:
+            self.side_stream = torch.cuda.Stream(device, priority=-1)
+            self._refreshed = torch.cuda.Event()
 
     def _capture(self, device: torch.device) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         """The policy as a graph that also copies the observations in from pinned memory and
@@ -97,7 +123,7 @@ class ActionPipe:
         return captured
 
     def _copy_act_copy(self) -> Tensor:
-        self._observations.copy_(self._host_observations, non_blocking=True)
+        self._inputs.copy_(self._host_inputs, non_blocking=True)
         actions = self._act()
         self._host_actions.copy_(actions, non_blocking=True)
         return actions
@@ -105,7 +131,10 @@ class ActionPipe:
     @torch.no_grad()
     def _act(self) -> Tensor:
         """[actions in [-1, 1] | actions on the env's bounds], (N, 2A)."""
-        actions = self.policy(self._observations)
+        if self._noise is None:
+            actions = self.policy(self._observations)
+        else:
+            actions = self.policy(self._observations, self._noise)
         scaled = self._low + (actions + 1.0) * self._half_range
         return torch.cat([actions, scaled.clamp(self._low, self._high)], dim=1)
 
@@ -114,20 +143,39 @@ class ActionPipe:
         if self._pending:
             self.wait()  # the pinned buffers are about to be rewritten
         self._host_observations_view[:] = observations
+        if self._noise is not None:
+            self._host_noise_view[:] = np.random.standard_normal(self._noise_shape)
+        if self._refresh is not None:
+            # On the updates' stream, after those queued so far and before the next: the
+            # copy holds the actor as the action must see it. The last action read it before
+            # this request returned from its wait, so rewriting it here is safe.
+            with torch.no_grad():
+                torch._foreach_copy_(*self._refresh)
+        if self.side_stream is None:
+            self._launch()
+            if self._ready is not None:
+                self._ready.record(self._stream)
+        else:
+            self._refreshed.record(self._stream)
+            self.side_stream.wait_event(self._refreshed)
+            with torch.cuda.stream(self.side_stream):
+                self._launch()
+            self._ready.record(self.side_stream)
+        self._pending = True
+
+    def _launch(self) -> None:
+        """The copy in, the policy and the copy out, on the current stream."""
         if self.graph is not None and self.copies_in_graph:
             self.graph.replay()
+            return
+        non_blocking = self._ready is not None
+        self._inputs.copy_(self._host_inputs, non_blocking=non_blocking)
+        if self.graph is not None:
+            self.graph.replay()
+            actions = self._actions
         else:
-            non_blocking = self._ready is not None
-            self._observations.copy_(self._host_observations, non_blocking=non_blocking)
-            if self.graph is not None:
-                self.graph.replay()
-                actions = self._actions
-            else:
-                actions = self._act()
-            self._host_actions.copy_(actions, non_blocking=non_blocking)
-        if self._ready is not None:
-            self._ready.record(self._stream)
-        self._pending = True
+            actions = self._act()
+        self._host_actions.copy_(actions, non_blocking=non_blocking)
 
     def wait(self) -> tuple[np.ndarray, np.ndarray]:
         """The requested actions as fresh host arrays (N, A): in [-1, 1], and scaled onto the

@@ -97,6 +97,12 @@ class Config:
         True, "step the environments while the GPU updates (off: wait for each update, a "
         "benchmark baseline)"
     )
+    action_stream: bool = option(
+        False, "with CUDA graphs, select each action on a stream of its own, beside the "
+        "updates queued after it: from a copy of the actor refreshed before each action, with "
+        "the exploration noise drawn on the host (off: on the updates' stream, noise drawn "
+        "on the device)"
+    )
     buffer_size: int = option(1_000_000, "replay buffer capacity in transitions")
     batch_size: int = option(256, "rows per gradient update")
     gamma: float = option(0.99, "discount factor")

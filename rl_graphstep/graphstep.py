@@ -554,6 +554,33 @@ def _no_garbage_collection() -> Iterator[None]:
             gc.enable()
 
 
+def _clear_cublas_workspaces() -> None:
+    """Drop torch's cached cuBLAS workspaces (one per stream); the next matmul allocates anew."""
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+
+
+@contextlib.contextmanager
+def _capturing(graph: torch.cuda.CUDAGraph, pool: Any = None) -> Iterator[None]:
+    """Capture into ``graph``, with a cuBLAS workspace of its own and no garbage collection.
+
+    torch caches one cuBLAS workspace per stream, and every capture runs on the same stream:
+    left alone, each graph would bake in the address of one shared workspace. Two graphs
+    replaying at once (an action beside an update) would then overwrite each other's
+    matmuls, and destroying any graph frees that workspace (torch clears its capture
+    stream's cache) while the others still write to it. Clearing the cache before the
+    capture makes the capture allocate its workspace from the graph's own pool, which lives
+    as long as the graph; clearing it after keeps later work out of that memory.
+    """
+    _clear_cublas_workspaces()
+    try:
+        with _no_garbage_collection(), torch.cuda.graph(graph, pool=pool):
+            yield
+    finally:
+        _clear_cublas_workspaces()
+
+
 def _describe(error: BaseException) -> str:
     """``Type: first line of the message``."""
     lines = str(error).strip().splitlines()
@@ -606,7 +633,7 @@ def capture_graph(
             for _ in range(warmup_steps):
                 (warmup or function)()
         torch.cuda.current_stream(device).wait_stream(side)
-        with _no_garbage_collection(), torch.cuda.graph(graph, pool=pool):
+        with _capturing(graph, pool):
             result = function()
     except Exception as error:
         generator.graphsafe_set_state(generator_backup)
@@ -732,7 +759,7 @@ class CudaGraphAdaptationStep:
         graph = torch.cuda.CUDAGraph()
         optimizer.zero_grad(set_to_none=True)
         try:
-            with _no_garbage_collection(), torch.cuda.graph(graph, pool=pool):
+            with _capturing(graph, pool):
                 static_loss = body(static_inputs, static_targets)
         except Exception as error:  # the real cause hides in the chain
             undo()

@@ -5,8 +5,10 @@ A custom network plugs in if it meets `SACActor` / `Critic` below and runs insid
 - actor: `actor(observations) -> (actions, log_probs)` with actions (B, A) in [-1, 1] (the env
   wrapper scales them onto the action bounds) and log_probs (B,), reparameterised so gradients
   flow through the sample; `actor.deterministic_action(observations) -> (B, A)` for evaluation;
-  optionally `actor.sample(observations) -> (B, A)`, the draw of `actor(observations)[0]`
-  without the log-probability, which SAC then uses to act.
+  optionally `actor.sample(observations, noise=None) -> (B, A)`, the draw of
+  `actor(observations)[0]` without the log-probability, which SAC then uses to act; given
+  `noise` (B, A), a standard normal draw, it uses that instead of drawing on the device, so
+  acting draws nothing there and can run beside an update.
 - critic: `critic(observations, actions) -> (B, E)`, one Q value per ensemble member, and a
   `num_critics` attribute giving E.
 - both: fixed shapes, no host syncs (`.item()`, `bool(t)`, Python `if` on a tensor, `nonzero`,
@@ -132,17 +134,19 @@ class SquashedGaussianActor(nn.Module):
         log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (raw + 1)
         return self.mean(features), log_std
 
-    def _draw(self, observations: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    def _draw(self, observations: Tensor, noise: Tensor | None = None
+              ) -> tuple[Tensor, Tensor, Tensor]:
         """One reparameterised sample: (actions, the standard normal noise, log-std)."""
         mean, log_std = self.mean_and_log_std(observations)
         # randn_like draws on the tensor's device, so a CUDA graph replay draws afresh.
-        eps = torch.randn_like(mean)
+        eps = torch.randn_like(mean) if noise is None else noise
         return torch.tanh(mean + log_std.exp() * eps), eps, log_std
 
-    def sample(self, observations: Tensor) -> Tensor:
+    def sample(self, observations: Tensor, noise: Tensor | None = None) -> Tensor:
         """Actions (B, A) drawn exactly as :meth:`forward` draws them, without computing their
-        log-probability: acting needs none, and skips its kernels."""
-        return self._draw(observations)[0]
+        log-probability: acting needs none, and skips its kernels. ``noise`` (B, A), a
+        standard normal draw, replaces the one made on the device."""
+        return self._draw(observations, noise)[0]
 
     def forward(self, observations: Tensor) -> tuple[Tensor, Tensor]:
         """A reparameterised sample: actions (B, A) in [-1, 1] and their log-probability (B,)."""

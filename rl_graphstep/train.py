@@ -363,8 +363,23 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
         "graph": agent.use_graph,
         "compile": agent.compile,
         "env_worker": isinstance(envs, EnvWorker),
+        "action_stream": actions_pipe is not None and actions_pipe.side_stream is not None,
         **clock.summary(progress.global_step),
     }
+
+
+def _can_act_beside(agent: ActorCritic) -> bool:
+    """Whether the action can run on a stream of its own; a warning says why not."""
+    if not agent.use_graph:
+        why = "it needs CUDA graphs"
+    elif agent.exploration_noise_size() == 0:
+        why = (f"{type(agent.actor).__name__} has no sample(observations, noise), so the "
+               "action would draw its noise on the device")
+    else:
+        return True
+    warnings.warn(f"--action-stream: acting on the updates' stream instead ({why})",
+                  stacklevel=3)
+    return False
 
 
 def _build_steps(agent: ActorCritic, buffer: ReplayBuffer, cfg: Config,
@@ -372,9 +387,15 @@ def _build_steps(agent: ActorCritic, buffer: ReplayBuffer, cfg: Config,
     """Capture (or wrap) the update steps, the replay sampling and the action selection:
     compiling is paid once, here. The updates add their metrics into ``metrics``."""
     agent.build(buffer, metrics=metrics)
+    # --action-stream: the action runs beside the updates, so it must draw nothing on the
+    # device (two streams would share the generator's offset): its noise comes from the host,
+    # where the policy takes it, and it reads a copy of the actor.
+    beside = cfg.action_stream and _can_act_beside(agent)
     pipe = ActionPipe(agent.explore, cfg.num_envs, agent.observation_size, action_space,
                       agent.device,
-                      use_graph=agent.use_graph and (None if agent.graph_fallback else True))
+                      use_graph=agent.use_graph and (None if agent.graph_fallback else True),
+                      noise_size=agent.exploration_noise_size() if beside else 0,
+                      refresh=agent.separate_behaviour_actor() if beside else None)
     if agent.device.type == "cuda":
         torch.cuda.synchronize(agent.device)
     # Compiling leaves hundreds of thousands of long-lived Python objects (600,000 after

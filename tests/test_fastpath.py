@@ -270,6 +270,105 @@ def test_action_pipe_returns_the_policy_actions_and_their_env_scaling() -> None:
         pipe.wait()
 
 
+class NoisyFixedActor(FixedActor):
+    """FixedActor with a ``sample`` that takes its standard normal noise from the caller."""
+
+    def sample(self, obs: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+        noise = torch.randn(len(obs), 1) if noise is None else noise
+        return torch.tanh(self.w * obs[:, :1] + noise)
+
+
+def test_action_pipe_draws_the_noise_on_the_host_and_acts_from_the_refreshed_copy() -> None:
+    sac = SAC(NoisyFixedActor(), LinearCritic(), Config(batch_size=2), observation_size=2,
+              action_size=1, device=CPU)
+    assert sac.exploration_noise_size() == 1
+    sac.actor.w.grad = torch.ones(())  # as a built step leaves it
+    refresh = sac.separate_behaviour_actor()
+    assert sac.behaviour_actor is not sac.actor and refresh == sac.separate_behaviour_actor()
+    assert not any(t.requires_grad or t.grad is not None for t in refresh[0])
+    space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+    pipe = ActionPipe(sac.explore, 3, 2, space, CPU, noise_size=1, refresh=refresh)
+    assert pipe.side_stream is None  # no graph: it acts in line
+    observations = np.random.default_rng(0).normal(size=(3, 2)).astype(np.float32)
+    for update in range(3):
+        np.random.seed(update)
+        pipe.request(observations)
+        np.random.seed(update)  # the noise it drew, from numpy's global generator
+        noise = torch.from_numpy(np.random.standard_normal((3, 1)).astype(np.float32))
+        with torch.no_grad():  # the learned actor's action, not a stale copy's
+            want = torch.tanh(sac.actor.w * torch.from_numpy(observations[:, :1]) + noise)
+        np.testing.assert_array_equal(pipe.wait()[0], want.numpy())
+        with torch.no_grad():
+            sac.actor.w.add_(0.25)  # an update the next action must see
+    assert sac.behaviour_actor.w.item() == 0.5 + 0.25 * 2  # refreshed at the last request
+
+
+def test_action_pipe_beside_the_updates_refreshes_then_launches_on_its_own_stream(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The side-stream path's order, with stand-ins for the graph, streams and events (the
+    GPU tests check the concurrency itself): refresh the copy on the updates' stream, mark
+    it, make the action's stream wait for the mark, launch there, mark the action ready
+    there, and wait for that mark alone."""
+    sac = SAC(NoisyFixedActor(), LinearCritic(), Config(batch_size=2), observation_size=2,
+              action_size=1, device=CPU)
+    refresh = sac.separate_behaviour_actor()
+    space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+    pipe = ActionPipe(sac.explore, 3, 2, space, CPU, noise_size=1, refresh=refresh)
+    log: list[str] = []
+    current = ["updates"]
+
+    class Stream:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def wait_event(self, event: Event) -> None:
+            log.append(f"{self.name} waits {event.name}")
+
+    class Event:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def record(self, stream: Stream) -> None:
+            log.append(f"{self.name} on {stream.name}")
+
+        def synchronize(self) -> None:
+            log.append(f"host waits {self.name}")
+
+    class Graph:
+        def replay(self) -> None:
+            log.append(f"replay on {current[0]}")
+            pipe._copy_act_copy()
+
+    class StreamContext:
+        def __init__(self, stream: Stream) -> None:
+            self.stream = stream
+
+        def __enter__(self) -> None:
+            current.insert(0, self.stream.name)
+
+        def __exit__(self, *_: object) -> None:
+            current.pop(0)
+
+    copy_ = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_",
+                        lambda *a, **k: log.append(f"refresh on {current[0]}") or copy_(*a, **k))
+    monkeypatch.setattr(torch.cuda, "stream", StreamContext)
+    pipe.graph, pipe.copies_in_graph = Graph(), True
+    pipe.side_stream, pipe._stream = Stream("action stream"), Stream("updates")
+    pipe._refreshed, pipe._ready = Event("refreshed"), Event("ready")
+    observations = np.ones((3, 2), np.float32)
+    with torch.no_grad():
+        sac.actor.w.fill_(2.0)  # the learned actor moved on since the copy was made
+    np.random.seed(5)
+    pipe.request(observations)
+    actions, _ = pipe.wait()
+    assert log == ["refresh on updates", "refreshed on updates", "action stream waits refreshed",
+                   "replay on action stream", "ready on action stream", "host waits ready"]
+    np.random.seed(5)
+    noise = np.random.standard_normal((3, 1)).astype(np.float32)
+    np.testing.assert_allclose(actions, np.tanh(2.0 * observations[:, :1] + noise), rtol=1e-6)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_action_pipe_scaling_is_scale_action_to_the_bit(seed: int) -> None:
     rng = np.random.default_rng(seed)

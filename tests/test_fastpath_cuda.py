@@ -3,6 +3,7 @@ steps against their eager twins, the compile fallback, and every loop mode end t
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import gymnasium as gym
@@ -152,6 +153,35 @@ def test_compiled_steps_learn_the_same_as_plain_ones() -> None:
     assert final[True] == pytest.approx(final[False], rel=0.25)
 
 
+def test_an_action_beside_an_update_sees_the_actor_from_before_it() -> None:
+    """The action runs on its own stream while the update queued after it rewrites the
+    actor: it must read the refreshed copy, i.e. the actor as it was at the request."""
+    buffer = filled_buffer()
+    agent = sac(True, False)
+    agent.build(buffer)
+    refresh = agent.separate_behaviour_actor()
+    pipe = ActionPipe(agent.explore, 4, 17, ACT, DEVICE, use_graph=True,
+                      noise_size=agent.exploration_noise_size(), refresh=refresh)
+    assert pipe.side_stream is not None and pipe.copies_in_graph
+    observations = np.random.default_rng(0).normal(size=(4, 17)).astype(np.float32)
+    first = [t.clone() for t in refresh[1]]
+    for update in range(20):
+        before = [t.clone() for t in refresh[1]]  # the learned actor at the request
+        np.random.seed(update)
+        pipe.request(observations)
+        agent.update_from(buffer)  # queued after the action, on the other stream
+        actions, _ = pipe.wait()
+        np.random.seed(update)
+        noise = torch.from_numpy(np.random.standard_normal((4, 6)).astype(np.float32))
+        reference = copy.deepcopy(agent.actor)
+        with torch.no_grad():
+            torch._foreach_copy_([*reference.parameters(), *reference.buffers()], before)
+            want = reference.sample(torch.from_numpy(observations).to(DEVICE), noise.to(DEVICE))
+        torch.testing.assert_close(torch.from_numpy(actions), want.cpu(), msg=f"update {update}")
+    changed = any(not torch.equal(a, b) for a, b in zip(first, refresh[1], strict=True))
+    assert changed  # the updates did rewrite the actor meanwhile
+
+
 def test_captured_action_selection_matches_eager_and_is_fresh() -> None:
     torch.manual_seed(0)
     actor = SquashedGaussianActor(OBS, ACT, (64, 64)).to(DEVICE)
@@ -248,3 +278,39 @@ def test_every_loop_mode_runs(flags: list[str], tmp_path: Path) -> None:
     assert summary["graph"] is (flags[1] == "on")
     assert summary["compile"] is (flags[:2] == ["--graph", "on"] and "--compile" not in flags)
     assert summary["learning_sps"] > 0 and summary["host_us_per_iteration"] > 0
+    assert summary["action_stream"] is False  # opt-in: --action-stream
+
+
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_acting_beside_the_updates_learns_exactly_as_acting_after_them(
+        algo: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The action stream changes when the action runs, not what it computes: the copy holds
+    the actor as the action would have seen it on the updates' stream, and the action's
+    graph shares no scratch memory with the updates' (compiled, they use cuBLAS workspace:
+    when every capture shared one, they corrupted each other's matmuls and SAC stopped
+    learning)."""
+    from rl_graphstep import train as train_module
+    from rl_graphstep.checkpoint import load_checkpoint
+
+    class InLine(ActionPipe):
+        """The same pipe (host noise, refreshed copy), launched on the updates' stream."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            assert self.side_stream is not None
+            self.side_stream = None
+
+    states = {}
+    for name in ("beside", "in-line"):
+        with monkeypatch.context() as patch:
+            if name == "in-line":
+                patch.setattr(train_module, "ActionPipe", InLine)
+            summary = train(load_config([*BASE, "--algo", algo, "--graph", "on", "--compile",
+                                         "on", "--action-stream", "--log-dir", str(tmp_path),
+                                         "--run-name", name]))
+        assert summary["action_stream"] is (name == "beside")
+        states[name] = load_checkpoint(tmp_path / name)["agent"]
+    for part in ("actor", "critic", "target_critic"):
+        for key, value in states["beside"][part].items():
+            torch.testing.assert_close(value, states["in-line"][part][key],
+                                       rtol=0, atol=0, msg=f"{part}.{key}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 
@@ -260,4 +261,34 @@ def test_no_garbage_is_collected_during_a_capture() -> None:
     with graphstep._no_garbage_collection():
         assert finalized == [True]  # collected before the capture starts
         assert not gc.isenabled()
+    assert gc.isenabled()
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["captured", "capture-failed"])
+def test_each_capture_gets_a_cublas_workspace_of_its_own(
+        fails: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's per-stream cuBLAS workspace cache is cleared before the capture (the capture
+    then allocates its own, in its graph's pool) and after it, failed or not (later work
+    does not reuse the graph's), with no garbage collection in between."""
+    log = []
+
+    class Graph:
+        def __init__(self, graph: object, pool: object = None) -> None:
+            log.append(("graph", graph, pool))
+
+        def __enter__(self) -> None:
+            log.append(("capture", gc.isenabled()))
+
+        def __exit__(self, *exc: object) -> None:
+            log.append("end")
+
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces",
+                        lambda: log.append("clear"), raising=False)
+    monkeypatch.setattr(torch.cuda, "graph", Graph)
+    expected = pytest.raises(RuntimeError) if fails else contextlib.nullcontext()
+    with expected, graphstep._capturing("g", "pool"):
+        log.append("work")
+        if fails:
+            raise RuntimeError("cannot capture")
+    assert log == ["clear", ("graph", "g", "pool"), ("capture", False), "work", "end", "clear"]
     assert gc.isenabled()

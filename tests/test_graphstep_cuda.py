@@ -353,3 +353,4 @@ def test_a_hundred_thousand_replays_grow_neither_gpu_nor_host_memory() -> None:
     assert torch.isfinite(loss)
     assert gpu_after <= gpu_before
     assert host_after - host_before < 16 * 1024  # KiB: no per-replay growth (it would be GBs)
+

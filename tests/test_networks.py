@@ -126,6 +126,43 @@ def test_actor_sample_is_forwards_draw_to_the_bit_and_sac_acts_with_it() -> None
     assert torch.equal(sac.explore(observations), drawn)
 
 
+def test_sample_with_given_noise_is_the_draw_that_noise_makes_and_draws_nothing() -> None:
+    actor = SquashedGaussianActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(16,))
+    observations = torch.randn(64, 5)
+    torch.manual_seed(4)
+    drawn, _ = actor(observations)
+    torch.manual_seed(4)
+    noise = torch.randn(64, 3)  # what forward's randn_like drew
+    before = torch.get_rng_state()
+    assert torch.equal(actor.sample(observations, noise), drawn)
+    assert torch.equal(torch.get_rng_state(), before)  # nothing drawn
+    sac = SAC(actor, EnsembleCritic(OBS_SPACE, ACT_SPACE, (16,)), Config(), observation_size=5,
+              action_size=3, device=torch.device("cpu"))
+    assert sac.exploration_noise_size() == 3
+    assert torch.equal(sac.explore(observations, noise), drawn)
+
+
+class SampleWithoutNoiseActor(nn.Module):
+    """A custom actor whose ``sample`` draws its own noise: SAC cannot hand it any."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(1.0))
+
+    def forward(self, observations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tanh(observations[:, :3]), observations.sum(1)
+
+    def sample(self, observations: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(observations[:, :3] + torch.randn(len(observations), 3))
+
+
+@pytest.mark.parametrize("actor", ["SampleWithoutNoiseActor", "ForwardOnlyActor"])
+def test_sac_draws_on_the_device_for_actors_that_take_no_noise(actor: str) -> None:
+    sac = SAC(globals()[actor](), EnsembleCritic(OBS_SPACE, ACT_SPACE, (16,)), Config(),
+              observation_size=5, action_size=3, device=torch.device("cpu"))
+    assert sac.exploration_noise_size() == 0
+
+
 class ForwardOnlyActor(nn.Module):
     """A custom stochastic actor with no ``sample``: SAC acts with its forward."""
 

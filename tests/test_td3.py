@@ -89,6 +89,19 @@ def test_exploration_noise_is_clipped_to_the_action_range() -> None:
     assert actions.std() > 0.5  # the noise is really there
 
 
+@pytest.mark.parametrize("kind", [TD3, DDPG])
+def test_exploration_takes_the_standard_normal_noise_it_is_given(kind: type[TD3]) -> None:
+    agent = make(kind, 2, exploration_noise=0.3)
+    observations, noise = torch.randn(50, 2), torch.randn(50, 1)
+    assert agent.exploration_noise_size() == 1
+    want = (agent.actor(observations) + noise * 0.3).clamp(-1.0, 1.0)
+    assert torch.equal(agent.explore(observations, noise), want)
+    torch.manual_seed(2)
+    drawn = agent.explore(observations)
+    torch.manual_seed(2)
+    assert torch.equal(drawn, agent.explore(observations, torch.randn(50, 1)))
+
+
 def test_every_algorithm_is_a_config_choice() -> None:
     assert set(ALGORITHMS) == set(CONFIG_ALGORITHMS)
     assert {name: cls.name for name, cls in ALGORITHMS.items()} == {n: n for n in ALGORITHMS}

@@ -194,3 +194,35 @@ def test_learns_pendulum_on_cpu(algo: str, steps: int, tmp_path: Path) -> None:
     assert cfg.total_timesteps == steps
     summary = train(cfg)
     assert summary["mean_return_last_10"] >= -300, summary
+
+
+def test_the_action_stream_without_cuda_graphs_warns_and_acts_in_line(tmp_path: Path) -> None:
+    summaries = {}
+    for flag in ("--action-stream", "--no-action-stream"):
+        cfg = load_config(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), "--run-name",
+                           flag.strip("-"), *SHORT, flag])
+        if flag == "--action-stream":
+            with pytest.warns(UserWarning, match=r"--action-stream: acting on the updates' "
+                                                 r"stream instead \(it needs CUDA graphs\)"):
+                summaries[flag] = train(cfg)
+        else:
+            summaries[flag] = train(cfg)
+        assert summaries[flag]["action_stream"] is False
+    assert (summaries["--action-stream"]["mean_return_last_10"]
+            == summaries["--no-action-stream"]["mean_return_last_10"])
+
+
+def test_the_action_stream_needs_a_policy_that_takes_host_noise() -> None:
+    from types import SimpleNamespace
+
+    from rl_graphstep.train import _can_act_beside
+
+    class PlainActor:
+        pass
+
+    agent = SimpleNamespace(use_graph=True, actor=PlainActor(),
+                            exploration_noise_size=lambda: 0)
+    with pytest.warns(UserWarning, match=r"PlainActor has no sample\(observations, noise\)"):
+        assert _can_act_beside(agent) is False
+    agent.exploration_noise_size = lambda: 3
+    assert _can_act_beside(agent) is True

@@ -97,6 +97,9 @@ class ActorCritic:
         self.observation_size = observation_size
         self.action_size = action_size
         self.actor = actor.to(device)
+        # The actor that acts (explore): the learned one, or a copy of it refreshed before
+        # each action, so acting can run beside an update (see separate_behaviour_actor).
+        self.behaviour_actor: nn.Module = self.actor
         self.critic = critic.to(device)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
         self.use_graph = device.type == "cuda" if use_graph is None else use_graph
@@ -147,9 +150,29 @@ class ActorCritic:
                    ) -> Tensor:
         raise NotImplementedError
 
-    def explore(self, observations: Tensor) -> Tensor:
-        """Actions in [-1, 1] to take in the environment while learning."""
+    def explore(self, observations: Tensor, noise: Tensor | None = None) -> Tensor:
+        """Actions in [-1, 1] to take in the environment while learning, from
+        ``behaviour_actor``. ``noise`` (B, :meth:`exploration_noise_size`), a standard normal
+        draw made by the caller, replaces the one made on the device."""
         raise NotImplementedError
+
+    def exploration_noise_size(self) -> int:
+        """Columns of the standard normal noise :meth:`explore` can take from its caller; 0
+        when it draws its own (then acting draws on the device)."""
+        return 0
+
+    def separate_behaviour_actor(self) -> tuple[list[Tensor], list[Tensor]]:
+        """Let a copy of the actor act from now on; return the copy's tensors and the actor's,
+        in pairs, for refreshing the copy (``torch._foreach_copy_(copies, originals)``)
+        before each action. An action then reads the copy while the next update rewrites
+        the actor, so the two can run at once on two streams."""
+        if self.behaviour_actor is self.actor:
+            self.behaviour_actor = copy.deepcopy(self.actor).requires_grad_(False)
+            for parameter in self.behaviour_actor.parameters():
+                parameter.grad = None  # the copy never learns: no gradient buffers
+        originals = [*self.actor.parameters(), *self.actor.buffers()]
+        copies = [*self.behaviour_actor.parameters(), *self.behaviour_actor.buffers()]
+        return copies, originals
 
     def after_critic_update(self) -> None:
         """Called after every critic step (e.g. a target update)."""

@@ -8,6 +8,7 @@ loss, which is how a captured graph reports it.
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import gymnasium as gym
@@ -105,11 +106,24 @@ class SAC(ActorCritic):
         return metrics
 
     @torch.no_grad()
-    def explore(self, observations: Tensor) -> Tensor:
+    def explore(self, observations: Tensor, noise: Tensor | None = None) -> Tensor:
         """A sample of the stochastic policy, in [-1, 1] (the actor's ``sample`` where it has
-        one: the same draw without the log-probability's kernels)."""
-        sample = getattr(self.actor, "sample", None)
+        one: the same draw without the log-probability's kernels), with ``noise`` as its
+        standard normal draw where given."""
+        actor = self.behaviour_actor
+        if noise is not None:
+            return actor.sample(observations, noise)
+        sample = getattr(actor, "sample", None)
         if callable(sample):
             return sample(observations)
-        actions, _ = self.actor(observations)
+        actions, _ = actor(observations)
         return actions
+
+    def exploration_noise_size(self) -> int:
+        """The action size where the actor's ``sample`` takes a ``noise`` argument."""
+        sample = getattr(self.actor, "sample", None)
+        try:
+            takes_noise = callable(sample) and "noise" in inspect.signature(sample).parameters
+        except (TypeError, ValueError):  # no signature to read
+            takes_noise = False
+        return self.action_size if takes_noise else 0

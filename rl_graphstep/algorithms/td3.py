@@ -75,8 +75,13 @@ class TD3(ActorCritic):
         self.update_targets()
 
     @torch.no_grad()
-    def explore(self, observations: Tensor) -> Tensor:
-        """The policy's action plus Gaussian noise, clipped to [-1, 1]."""
-        actions = self.actor(observations)
-        noise = torch.randn_like(actions) * self.cfg.exploration_noise
-        return (actions + noise).clamp(-1.0, 1.0)
+    def explore(self, observations: Tensor, noise: Tensor | None = None) -> Tensor:
+        """The policy's action plus Gaussian noise (``noise`` where given, a standard normal
+        draw, scaled by ``exploration_noise``), clipped to [-1, 1]."""
+        actions = self.behaviour_actor(observations)
+        if noise is None:
+            noise = torch.randn_like(actions)
+        return (actions + noise * self.cfg.exploration_noise).clamp(-1.0, 1.0)
+
+    def exploration_noise_size(self) -> int:
+        return self.action_size
