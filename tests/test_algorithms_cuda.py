@@ -65,15 +65,19 @@ def test_captured_steps_match_eager_for_100_updates(algo: str) -> None:
 @pytest.mark.parametrize(("algo", "mode"), [
     *((algo, "graph+compile") for algo in sorted(ALGORITHMS)),
     ("sac", "graph"),  # eager learning is the CPU suite's (the same code, 10x slower)
+    ("sac", "graph+compile+action stream"),
 ])
 def test_learns_pendulum_on_the_gpu(algo: str, mode: str, tmp_path: Path) -> None:
     flags = {"graph+compile": ["--graph", "on", "--compile", "on"],
+             "graph+compile+action stream": ["--graph", "on", "--compile", "on",
+                                             "--action-stream"],
              "graph": ["--graph", "on", "--compile", "off"], "eager": ["--graph", "off"]}[mode]
     cfg = load_config(["--env", "Pendulum-v1", "--algo", algo, "--seed", "0", "--device",
                        "cuda", *flags, "--log-dir", str(tmp_path), "--no-progress"])
     summary = train(cfg)
     assert summary["graph"] is (mode != "eager")
-    assert summary["compile"] is (mode == "graph+compile")
+    assert summary["compile"] is mode.startswith("graph+compile")
+    assert summary["action_stream"] is mode.endswith("action stream")
     assert summary["mean_return_last_10"] >= -300, summary
 
 
