@@ -142,6 +142,25 @@ def test_sample_with_given_noise_is_the_draw_that_noise_makes_and_draws_nothing(
     assert torch.equal(sac.explore(observations, noise), drawn)
 
 
+def test_sac_hands_the_noise_to_a_keyword_only_noise_argument() -> None:
+    class KeywordNoiseActor(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.tensor(1.0))  # SAC's optimizer needs one
+
+        def forward(self, observations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.tanh(observations[:, :3]), observations.sum(1)
+
+        def sample(self, observations: torch.Tensor, *, noise: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(observations[:, :3] + noise)
+
+    sac = SAC(KeywordNoiseActor(), EnsembleCritic(OBS_SPACE, ACT_SPACE, (16,)), Config(),
+              observation_size=5, action_size=3, device=torch.device("cpu"))
+    observations, noise = torch.randn(4, 5), torch.randn(4, 3)
+    assert sac.exploration_noise_size() == 3
+    assert torch.equal(sac.explore(observations, noise), torch.tanh(observations[:, :3] + noise))
+
+
 class SampleWithoutNoiseActor(nn.Module):
     """A custom actor whose ``sample`` draws its own noise: SAC cannot hand it any."""
 

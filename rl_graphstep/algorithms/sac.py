@@ -112,7 +112,7 @@ class SAC(ActorCritic):
         standard normal draw where given."""
         actor = self.behaviour_actor
         if noise is not None:
-            return actor.sample(observations, noise)
+            return actor.sample(observations, noise=noise)
         sample = getattr(actor, "sample", None)
         if callable(sample):
             return sample(observations)
