@@ -39,6 +39,8 @@ MODES: dict[str, list[str]] = {
     # The action on a stream of its own, beside the updates (opt-in: host-drawn noise).
     "graph+compile+overlap+action stream": ["--graph", "on", "--compile", "on",
                                             "--action-stream"],
+    "graph+compile+overlap+action stream+tf32": ["--graph", "on", "--compile", "on",
+                                                 "--action-stream", "--tf32"],
     # The envs step in a worker process while the host launches the updates.
     "graph+compile+overlap+env worker": ["--graph", "on", "--compile", "on", "--env-worker"],
     # With TF32 tensor-core matmuls.

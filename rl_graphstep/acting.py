@@ -40,9 +40,13 @@ class ActionPipe:
             generator (seeded and checkpointed with the run), send it in with the
             observations and pass it to the policy: acting then draws nothing on the device.
         refresh: ``(copies, originals)``: the tensors of the actor copy the policy reads and
-            of the learned actor, copied over before each action (see
-            ``ActorCritic.separate_behaviour_actor``). With a graph and host noise, the action
-            then runs on a stream of its own, beside the updates queued after it.
+            of the learned actor (see ``ActorCritic.separate_behaviour_actor``). Each action
+            then reads the actor as it was at the previous request, one round of updates
+            behind: that actor is final before the update queued after the previous request
+            starts, so with a graph and host noise the action runs on a stream of its own,
+            beside that update, and waits for no update at all.
+        staged: with ``refresh``, the tensors :meth:`staged_actor` returned when a run was
+            checkpointed, so that a resumed run's first action reads what it would have.
 
     :meth:`request` and :meth:`wait` alternate: request queues the work and returns at once,
     wait blocks until the actions are on the host and returns them. Both are issued on the
@@ -60,6 +64,7 @@ class ActionPipe:
         use_graph: bool | None = False,
         noise_size: int = 0,
         refresh: tuple[list[Tensor], list[Tensor]] | None = None,
+        staged: list[Tensor] | None = None,
     ) -> None:
         self.policy = policy
         on_cuda = device.type == "cuda"
@@ -83,6 +88,16 @@ class ActionPipe:
         self._host_noise_view = self._host_inputs_view[:, observation_size:]
         self._host_actions_view = self._host_actions.numpy()
         self._refresh = refresh
+        # The actor as it was at the last request, which the next action reads: copied on the
+        # updates' stream between the update queued before that request and the one after.
+        self._staged: list[Tensor] = []
+        if refresh is not None:
+            source = refresh[1] if staged is None else staged
+            if [t.shape for t in source] != [t.shape for t in refresh[1]]:
+                raise ValueError("staged: the saved actor tensors do not match this actor's "
+                                 "(a checkpoint of another actor?)")
+            self._staged = [t.detach().to(o.device, copy=True)
+                            for t, o in zip(source, refresh[1], strict=True)]
         self._ready = torch.cuda.Event() if on_cuda else None
         # Fetched once: current_stream() costs more than the copies it would order.
         self._stream = torch.cuda.current_stream(device) if on_cuda else None
@@ -100,12 +115,14 @@ class ActionPipe:
                 warnings.warn(f"{error}; selecting actions eagerly instead", stacklevel=2)
         # The action's own stream: only for a graph that draws no random numbers (replays
         # on two streams would share the generator's device-side offset) and reads a copy
-        # of the actor (the update queued after it rewrites the actor). A high priority: the
-        # host waits for the action alone, so its blocks go before the update's.
+        # of the actor (the update running beside it rewrites the actor). A high priority:
+        # the host waits for the action alone, so its blocks go before the update's.
         self.side_stream: torch.cuda.Stream | None = None
         if self.graph is not None and noise_size and refresh is not None:
             self.side_stream = torch.cuda.Stream(device, priority=-1)
-            self._refreshed = torch.cuda.Event()
+            self._staged_ready = torch.cuda.Event()  # the staged actor is written
+            self._staged_taken = torch.cuda.Event()  # the action's copy has read it
+            self._staged_ready.record(self._stream)
 
     def _capture(self, device: torch.device) -> tuple[torch.cuda.CUDAGraph, Tensor]:
         """The policy as a graph that also copies the observations in from pinned memory and
@@ -145,23 +162,47 @@ class ActionPipe:
         self._host_observations_view[:] = observations
         if self._noise is not None:
             self._host_noise_view[:] = np.random.standard_normal(self._noise_shape)
-        if self._refresh is not None:
-            # On the updates' stream, after those queued so far and before the next: the
-            # copy holds the actor as the action must see it. The last action read it before
-            # this request returned from its wait, so rewriting it here is safe.
-            with torch.no_grad():
-                torch._foreach_copy_(*self._refresh)
-        if self.side_stream is None:
-            self._launch()
-            if self._ready is not None:
-                self._ready.record(self._stream)
+        if self._refresh is None:
+            self._launch_in_line()
         else:
-            self._refreshed.record(self._stream)
-            self.side_stream.wait_event(self._refreshed)
-            with torch.cuda.stream(self.side_stream):
-                self._launch()
-            self._ready.record(self.side_stream)
+            self._launch_one_round_behind(*self._refresh)
         self._pending = True
+
+    @torch.no_grad()
+    def _launch_one_round_behind(self, copies: list[Tensor], originals: list[Tensor]) -> None:
+        """The action from the actor staged at the last request, then the actor staged anew.
+
+        Why one round behind: the actor as it is now is final only once the update queued
+        before this request has run, and waiting for that is what kept the action from
+        running beside the updates. The staged actor was final before that update started.
+        """
+        side = self.side_stream
+        if side is None:
+            torch._foreach_copy_(copies, self._staged)
+            self._launch_in_line()
+        else:
+            side.wait_event(self._staged_ready)
+            with torch.cuda.stream(side):
+                torch._foreach_copy_(copies, self._staged)
+                self._staged_taken.record(side)
+                self._launch()
+                self._ready.record(side)
+            self._stream.wait_event(self._staged_taken)
+        # On the updates' stream: after the updates queued so far, before the next one.
+        torch._foreach_copy_(self._staged, originals)
+        if side is not None:
+            self._staged_ready.record(self._stream)
+
+    def staged_actor(self) -> list[Tensor]:
+        """The actor tensors the next action will read (empty without ``refresh``): a
+        checkpoint keeps them, and ``staged=`` gives them to the resumed run's pipe."""
+        return [t.clone() for t in self._staged]
+
+    def _launch_in_line(self) -> None:
+        """The action on the updates' stream, marked ready there."""
+        self._launch()
+        if self._ready is not None:
+            self._ready.record(self._stream)
 
     def _launch(self) -> None:
         """The copy in, the policy and the copy out, on the current stream."""

@@ -17,6 +17,7 @@ A checkpoint is one ``torch.save``d dict (``FORMAT`` 1), written by ``rl_graphst
         "envs": bytes | None,                 # the pickled vector env, None when it cannot be
         "observations": np.ndarray,           # the envs' current observations
         "buffer": dict | None,                # the replay buffer's contents, None when not saved
+        "staged_actor": list[Tensor] | None,  # --action-stream: the actor the next action reads
     }
 
 Only ``format``, ``config``, ``global_step`` and ``agent`` (``REQUIRED_KEYS``) are checked on

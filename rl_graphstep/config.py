@@ -99,9 +99,10 @@ class Config:
     )
     action_stream: bool = option(
         False, "with CUDA graphs, select each action on a stream of its own, beside the "
-        "updates queued after it: from a copy of the actor refreshed before each action, with "
-        "the exploration noise drawn on the host (off: on the updates' stream, noise drawn "
-        "on the device)"
+        "updates, waiting for none of them: from the actor as it was at the previous action "
+        "(one round of updates behind), with the exploration noise drawn on the host (off: "
+        "on the updates' stream, from the actor after the last update, noise drawn on the "
+        "device)"
     )
     buffer_size: int = option(1_000_000, "replay buffer capacity in transitions")
     batch_size: int = option(256, "rows per gradient update")

@@ -24,7 +24,7 @@ import cloudpickle
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 from tqdm import tqdm
 
 from rl_graphstep.acting import ActionPipe
@@ -172,7 +172,8 @@ def _pickled_envs(envs: gym.vector.VectorEnv | EnvWorker) -> bytes | None:
 
 def _checkpoint(cfg: Config, run_dir: Path, progress: Progress, agent: ActorCritic,
                 envs: gym.vector.VectorEnv, observations: np.ndarray,
-                buffer: ReplayBuffer) -> Path:
+                buffer: ReplayBuffer, actions_pipe: ActionPipe | None) -> Path:
+    staged = actions_pipe.staged_actor() if actions_pipe is not None else []
     state = {
         "format": FORMAT,
         "config": config_to_dict(cfg),
@@ -186,6 +187,7 @@ def _checkpoint(cfg: Config, run_dir: Path, progress: Progress, agent: ActorCrit
         "envs": _pickled_envs(envs),
         "observations": observations,
         "buffer": buffer.state_dict() if cfg.save_buffer else None,
+        "staged_actor": staged or None,
     }
     return save_checkpoint(run_dir, progress.global_step, state, keep=cfg.keep_checkpoints)
 
@@ -308,7 +310,8 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
                         and len(buffer) >= cfg.batch_size)
             if updating and actions_pipe is None:
                 began = time.perf_counter()
-                actions_pipe = _build_steps(agent, buffer, cfg, action_space, logger.sums)
+                actions_pipe = _build_steps(agent, buffer, cfg, action_space, logger.sums,
+                                            resumed.get("staged_actor") if resumed else None)
                 clock.build_seconds = time.perf_counter() - began
                 bar.write(f"updates: {_describe_mode(agent)}; built in "
                           f"{clock.build_seconds:.1f} s")
@@ -347,7 +350,8 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
             if step % cfg.log_interval < cfg.num_envs or done or stops:
                 _log(logger, agent, cfg, progress, bar, clock.sps(step))
             if step % cfg.checkpoint_every < cfg.num_envs or done or stops:
-                saved = _checkpoint(cfg, run_dir, progress, agent, envs, observations, buffer)
+                saved = _checkpoint(cfg, run_dir, progress, agent, envs, observations, buffer,
+                                    actions_pipe)
             if stops:
                 name = signal.Signals(stops[0]).name
                 raise TrainingInterrupted(
@@ -383,19 +387,23 @@ def _can_act_beside(agent: ActorCritic) -> bool:
 
 
 def _build_steps(agent: ActorCritic, buffer: ReplayBuffer, cfg: Config,
-                 action_space: gym.spaces.Box, metrics: MetricSums) -> ActionPipe:
+                 action_space: gym.spaces.Box, metrics: MetricSums,
+                 staged: list[Tensor] | None = None) -> ActionPipe:
     """Capture (or wrap) the update steps, the replay sampling and the action selection:
-    compiling is paid once, here. The updates add their metrics into ``metrics``."""
+    compiling is paid once, here. The updates add their metrics into ``metrics``; ``staged``
+    is a resumed run's staged actor (see ``ActionPipe``)."""
     agent.build(buffer, metrics=metrics)
     # --action-stream: the action runs beside the updates, so it must draw nothing on the
     # device (two streams would share the generator's offset): its noise comes from the host,
-    # where the policy takes it, and it reads a copy of the actor.
+    # where the policy takes it, and it reads a copy of the actor one round of updates behind
+    # (the actor as it was at the previous request), so it waits for no update.
     beside = cfg.action_stream and _can_act_beside(agent)
     pipe = ActionPipe(agent.explore, cfg.num_envs, agent.observation_size, action_space,
                       agent.device,
                       use_graph=agent.use_graph and (None if agent.graph_fallback else True),
                       noise_size=agent.exploration_noise_size() if beside else 0,
-                      refresh=agent.separate_behaviour_actor() if beside else None)
+                      refresh=agent.separate_behaviour_actor() if beside else None,
+                      staged=staged if beside else None)
     if agent.device.type == "cuda":
         torch.cuda.synchronize(agent.device)
     # Compiling leaves hundreds of thousands of long-lived Python objects (600,000 after

@@ -278,7 +278,9 @@ class NoisyFixedActor(FixedActor):
         return torch.tanh(self.w * obs[:, :1] + noise)
 
 
-def test_action_pipe_draws_the_noise_on_the_host_and_acts_from_the_refreshed_copy() -> None:
+def test_action_pipe_draws_the_noise_on_the_host_and_acts_one_round_behind() -> None:
+    """With a refreshed copy each action reads the actor as it was at the previous request
+    (the first, as it was when the pipe was made), and the noise comes from numpy."""
     sac = SAC(NoisyFixedActor(), LinearCritic(), Config(batch_size=2), observation_size=2,
               action_size=1, device=CPU)
     assert sac.exploration_noise_size() == 1
@@ -290,25 +292,63 @@ def test_action_pipe_draws_the_noise_on_the_host_and_acts_from_the_refreshed_cop
     pipe = ActionPipe(sac.explore, 3, 2, space, CPU, noise_size=1, refresh=refresh)
     assert pipe.side_stream is None  # no graph: it acts in line
     observations = np.random.default_rng(0).normal(size=(3, 2)).astype(np.float32)
-    for update in range(3):
+    at_requests = []
+    for update in range(4):
+        at_requests.append(sac.actor.w.item())
         np.random.seed(update)
         pipe.request(observations)
         np.random.seed(update)  # the noise it drew, from numpy's global generator
         noise = torch.from_numpy(np.random.standard_normal((3, 1)).astype(np.float32))
-        with torch.no_grad():  # the learned actor's action, not a stale copy's
-            want = torch.tanh(sac.actor.w * torch.from_numpy(observations[:, :1]) + noise)
+        w = at_requests[max(update - 1, 0)]  # the actor at the previous request
+        want = torch.tanh(w * torch.from_numpy(observations[:, :1]) + noise)
         np.testing.assert_array_equal(pipe.wait()[0], want.numpy())
         with torch.no_grad():
-            sac.actor.w.add_(0.25)  # an update the next action must see
-    assert sac.behaviour_actor.w.item() == 0.5 + 0.25 * 2  # refreshed at the last request
+            sac.actor.w.add_(0.25)  # an update: the action after next sees it
+    assert at_requests == [0.5, 0.75, 1.0, 1.25]
+    assert [t.item() for t in pipe.staged_actor()] == [1.25]  # what the next action reads
+
+
+def test_a_resumed_pipe_acts_from_the_staged_actor_it_was_given() -> None:
+    """The staged actor a checkpoint keeps makes a new pipe's actions those the old pipe
+    would have taken; a staged actor of another shape is one clear error."""
+    space = gym.spaces.Box(-2.0, 2.0, (1,), np.float32)
+    observations = np.ones((3, 2), np.float32)
+    pipes, actions = [], []
+    for _ in range(2):
+        sac = SAC(NoisyFixedActor(), LinearCritic(), Config(batch_size=2), observation_size=2,
+                  action_size=1, device=CPU)
+        staged = pipes[0].staged_actor() if pipes else None
+        pipes.append(ActionPipe(sac.explore, 3, 2, space, CPU, noise_size=1,
+                                refresh=sac.separate_behaviour_actor(), staged=staged))
+        if not staged:  # the first pipe acts once, then the actor moves on
+            pipes[0].request(observations)
+            pipes[0].wait()
+            with torch.no_grad():
+                sac.actor.w.fill_(3.0)
+            np.random.seed(1)
+            pipes[0].request(observations)  # stages w = 3.0, acts from w = 0.5
+            pipes[0].wait()
+        np.random.seed(2)
+        pipes[-1].request(observations)
+        actions.append(pipes[-1].wait()[0])
+    np.testing.assert_array_equal(actions[1], actions[0])
+    np.random.seed(2)
+    noise = np.random.standard_normal((3, 1)).astype(np.float32)
+    np.testing.assert_allclose(actions[0], np.tanh(3.0 * observations[:, :1] + noise), rtol=1e-6)
+    sac = SAC(NoisyFixedActor(), LinearCritic(), Config(batch_size=2), observation_size=2,
+              action_size=1, device=CPU)
+    with pytest.raises(ValueError, match="do not match this actor's"):
+        ActionPipe(sac.explore, 3, 2, space, CPU, noise_size=1,
+                   refresh=sac.separate_behaviour_actor(), staged=[torch.zeros(2)])
 
 
 def test_action_pipe_beside_the_updates_refreshes_then_launches_on_its_own_stream(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The side-stream path's order, with stand-ins for the graph, streams and events (the
-    GPU tests check the concurrency itself): refresh the copy on the updates' stream, mark
-    it, make the action's stream wait for the mark, launch there, mark the action ready
-    there, and wait for that mark alone."""
+    GPU tests check the concurrency itself): the action's stream waits until the actor staged
+    at the last request is written, copies it and marks that, launches and marks the action
+    ready; the updates' stream waits for that copy only, then stages the actor anew and marks
+    it; the host waits for the action alone."""
     sac = SAC(NoisyFixedActor(), LinearCritic(), Config(batch_size=2), observation_size=2,
               action_size=1, device=CPU)
     refresh = sac.separate_behaviour_actor()
@@ -355,18 +395,23 @@ def test_action_pipe_beside_the_updates_refreshes_then_launches_on_its_own_strea
     monkeypatch.setattr(torch.cuda, "stream", StreamContext)
     pipe.graph, pipe.copies_in_graph = Graph(), True
     pipe.side_stream, pipe._stream = Stream("action stream"), Stream("updates")
-    pipe._refreshed, pipe._ready = Event("refreshed"), Event("ready")
+    pipe._staged_ready, pipe._staged_taken = Event("staged"), Event("taken")
+    pipe._ready = Event("ready")
     observations = np.ones((3, 2), np.float32)
     with torch.no_grad():
         sac.actor.w.fill_(2.0)  # the learned actor moved on since the copy was made
     np.random.seed(5)
     pipe.request(observations)
     actions, _ = pipe.wait()
-    assert log == ["refresh on updates", "refreshed on updates", "action stream waits refreshed",
-                   "replay on action stream", "ready on action stream", "host waits ready"]
+    assert log == ["action stream waits staged", "refresh on action stream",
+                   "taken on action stream", "replay on action stream", "ready on action stream",
+                   "updates waits taken", "refresh on updates", "staged on updates",
+                   "host waits ready"]
     np.random.seed(5)
     noise = np.random.standard_normal((3, 1)).astype(np.float32)
-    np.testing.assert_allclose(actions, np.tanh(2.0 * observations[:, :1] + noise), rtol=1e-6)
+    # The actor as it was when the pipe was made (w = 0.5); the next action reads w = 2.0.
+    np.testing.assert_allclose(actions, np.tanh(0.5 * observations[:, :1] + noise), rtol=1e-6)
+    assert [t.item() for t in pipe.staged_actor()] == [2.0]
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -153,9 +153,9 @@ def test_compiled_steps_learn_the_same_as_plain_ones() -> None:
     assert final[True] == pytest.approx(final[False], rel=0.25)
 
 
-def test_an_action_beside_an_update_sees_the_actor_from_before_it() -> None:
-    """The action runs on its own stream while the update queued after it rewrites the
-    actor: it must read the refreshed copy, i.e. the actor as it was at the request."""
+def test_an_action_beside_an_update_sees_the_actor_one_round_behind() -> None:
+    """The action runs on its own stream while the updates rewrite the actor: it must read
+    the actor as it was at the previous request, exactly, and wait for no update."""
     buffer = filled_buffer()
     agent = sac(True, False)
     agent.build(buffer)
@@ -164,9 +164,9 @@ def test_an_action_beside_an_update_sees_the_actor_from_before_it() -> None:
                       noise_size=agent.exploration_noise_size(), refresh=refresh)
     assert pipe.side_stream is not None and pipe.copies_in_graph
     observations = np.random.default_rng(0).normal(size=(4, 17)).astype(np.float32)
-    first = [t.clone() for t in refresh[1]]
+    at_requests = []
     for update in range(20):
-        before = [t.clone() for t in refresh[1]]  # the learned actor at the request
+        at_requests.append([t.clone() for t in refresh[1]])  # the learned actor now
         np.random.seed(update)
         pipe.request(observations)
         agent.update_from(buffer)  # queued after the action, on the other stream
@@ -175,10 +175,11 @@ def test_an_action_beside_an_update_sees_the_actor_from_before_it() -> None:
         noise = torch.from_numpy(np.random.standard_normal((4, 6)).astype(np.float32))
         reference = copy.deepcopy(agent.actor)
         with torch.no_grad():
-            torch._foreach_copy_([*reference.parameters(), *reference.buffers()], before)
+            torch._foreach_copy_([*reference.parameters(), *reference.buffers()],
+                                 at_requests[max(update - 1, 0)])
             want = reference.sample(torch.from_numpy(observations).to(DEVICE), noise.to(DEVICE))
         torch.testing.assert_close(torch.from_numpy(actions), want.cpu(), msg=f"update {update}")
-    changed = any(not torch.equal(a, b) for a, b in zip(first, refresh[1], strict=True))
+    changed = any(not torch.equal(a, b) for a, b in zip(at_requests[0], refresh[1], strict=True))
     assert changed  # the updates did rewrite the actor meanwhile
 
 
@@ -285,7 +286,7 @@ def test_every_loop_mode_runs(flags: list[str], tmp_path: Path) -> None:
 def test_acting_beside_the_updates_learns_exactly_as_acting_after_them(
         algo: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The action stream changes when the action runs, not what it computes: the copy holds
-    the actor as the action would have seen it on the updates' stream, and the action's
+    the actor one round behind on either stream, and the action's
     graph shares no scratch memory with the updates' (compiled, they use cuBLAS workspace:
     when every capture shared one, they corrupted each other's matmuls and SAC stopped
     learning)."""
@@ -314,3 +315,26 @@ def test_acting_beside_the_updates_learns_exactly_as_acting_after_them(
         for key, value in states["beside"][part].items():
             torch.testing.assert_close(value, states["in-line"][part][key],
                                        rtol=0, atol=0, msg=f"{part}.{key}")
+
+
+def test_a_run_acting_beside_the_updates_resumes_bit_for_bit(tmp_path: Path) -> None:
+    """The staged actor the next action reads is in the checkpoint: stopped and resumed, the
+    run ends exactly as the run that went straight through."""
+    from rl_graphstep.checkpoint import load_checkpoint
+    from rl_graphstep.train import main
+
+    args = [*BASE, "--graph", "on", "--compile", "off", "--action-stream", "--save-buffer",
+            "--log-dir", str(tmp_path)]
+    summary = train(load_config([*args, "--run-name", "straight"]))
+    assert summary["action_stream"] is True
+    train(load_config([*args, "--total-timesteps", "300", "--run-name", "halves"]))
+    assert load_checkpoint(tmp_path / "halves")["staged_actor"]
+    assert main(["--resume", str(tmp_path / "halves"), "--total-timesteps", "400"]) == 0
+    straight, halves = (load_checkpoint(tmp_path / name) for name in ("straight", "halves"))
+    assert straight["global_step"] == halves["global_step"] == 400
+    for part in ("actor", "critic", "target_critic"):
+        for key, value in straight["agent"][part].items():
+            torch.testing.assert_close(value, halves["agent"][part][key], rtol=0, atol=0,
+                                       msg=f"{part}.{key}")
+    for a, b in zip(straight["staged_actor"], halves["staged_actor"], strict=True):
+        assert torch.equal(a, b)
