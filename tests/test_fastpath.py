@@ -342,7 +342,7 @@ def test_a_resumed_pipe_acts_from_the_staged_actor_it_was_given() -> None:
                    refresh=sac.separate_behaviour_actor(), staged=[torch.zeros(2)])
 
 
-def test_action_pipe_beside_the_updates_refreshes_then_launches_on_its_own_stream(
+def test_action_pipe_beside_the_updates_acts_then_stages_the_actor_anew(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The side-stream path's order, with stand-ins for the graph, streams and events (the
     GPU tests check the concurrency itself): the action's stream waits until the actor staged

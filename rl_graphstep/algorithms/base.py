@@ -163,9 +163,9 @@ class ActorCritic:
 
     def separate_behaviour_actor(self) -> tuple[list[Tensor], list[Tensor]]:
         """Let a copy of the actor act from now on; return the copy's tensors and the actor's,
-        in pairs, for refreshing the copy (``torch._foreach_copy_(copies, originals)``)
-        before each action. An action then reads the copy while the next update rewrites
-        the actor, so the two can run at once on two streams."""
+        in pairs, for filling the copy before each action (``ActionPipe`` fills it with the
+        actor as it was one request earlier). An action then reads the copy while an update
+        rewrites the actor, so the two can run at once on two streams."""
         if self.behaviour_actor is self.actor:
             self.behaviour_actor = copy.deepcopy(self.actor).requires_grad_(False)
             for parameter in self.behaviour_actor.parameters():
