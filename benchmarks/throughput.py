@@ -3,9 +3,14 @@ per env step, kernels per update and the kernel-time floor.
 
 Each mode runs the real training loop (``rl_graphstep.train.train``): one env, one update per
 env step, batch 256, 256-256 networks; steps/s and host time count the learning phase only
-(capture and compilation are reported apart). Then the same agent's update alone is timed
-(µs per critic + actor update, synchronised at the end) and profiled: kernels per update and
-the sum of their device times, the floor an update with no launch gaps would reach.
+(capture and compilation are reported apart). Then each mode's update alone is timed (µs per
+critic + actor update, synchronised at the end) and profiled: kernels per update and the sum
+of their device times, the floor an update with no launch gaps would reach.
+
+The phases run in that order for all modes: every loop, then every timing, then every
+profile. The profiler leaves CUDA's profiling interface attached to the process after it
+stops (pytorch/pytorch#144455), so that every later CUDA call costs more host time: the likely
+reason why a loop run after another mode's profile once measured 45% slower.
 
     python benchmarks/throughput.py --envs HalfCheetah-v5 --steps 10000 --eager-steps 2000
 """
@@ -25,8 +30,9 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from rl_graphstep.algorithms import ALGORITHMS
+from rl_graphstep.algorithms.base import ActorCritic
 from rl_graphstep.buffer import ReplayBuffer
-from rl_graphstep.config import Config, load_config
+from rl_graphstep.config import load_config
 from rl_graphstep.train import matmul_precision, resolve_compile, resolve_graph, train
 
 # name -> flags; "graph" modes without overlap wait for the updates every env step.
@@ -72,42 +78,47 @@ def run_loop(env_id: str, flags: list[str], steps: int, learning_starts: int,
     return train(cfg)
 
 
-def update_alone(env_id: str, flags: list[str], updates: int, breakdown: bool = False
-                 ) -> tuple[float, float, float]:
-    """(µs per update, kernels per update, kernel µs per update) for the mode's agent."""
+def build_update(env_id: str, flags: list[str]) -> tuple[ActorCritic, ReplayBuffer]:
+    """The mode's agent with its steps built, over a buffer of 10,000 random rows."""
     cfg = load_config(["--env", env_id, *flags])
-    with matmul_precision(cfg):
-        return _update_alone(cfg, env_id, flags, updates, breakdown)
-
-
-def _update_alone(cfg: Config, env_id: str, flags: list[str], updates: int, breakdown: bool
-                  ) -> tuple[float, float, float]:
     env = gym.make(env_id)
     obs_size, act_size = env.observation_space.shape[0], env.action_space.shape[0]
     device = torch.device("cuda")
     use_graph = resolve_graph(cfg, device)
     kind = ALGORITHMS[cfg.algo]
     torch.manual_seed(0)
-    agent = kind(kind.default_actor(env.observation_space, env.action_space, cfg),
-                 kind.default_critic(env.observation_space, env.action_space, cfg), cfg,
-                 observation_size=obs_size, action_size=act_size, device=device,
-                 use_graph=use_graph, compile=resolve_compile(cfg, use_graph))
-    buffer = ReplayBuffer(10_000, obs_size, act_size, device)
-    rng = np.random.default_rng(0)
-    buffer.add(rng.normal(size=(10_000, obs_size)), rng.uniform(-1, 1, (10_000, act_size)),
-               rng.normal(size=10_000), rng.normal(size=(10_000, obs_size)),
-               np.zeros(10_000, bool))
-    for _ in range(20):
-        agent.update_from(buffer)
-    torch.cuda.synchronize()
-    began = time.perf_counter()
-    for _ in range(updates):
-        agent.update_from(buffer)
-    torch.cuda.synchronize()
-    per_update = (time.perf_counter() - began) / updates * 1e6
+    with matmul_precision(cfg):  # a captured graph keeps the kernels chosen here
+        agent = kind(kind.default_actor(env.observation_space, env.action_space, cfg),
+                     kind.default_critic(env.observation_space, env.action_space, cfg), cfg,
+                     observation_size=obs_size, action_size=act_size, device=device,
+                     use_graph=use_graph, compile=resolve_compile(cfg, use_graph))
+        buffer = ReplayBuffer(10_000, obs_size, act_size, device)
+        rng = np.random.default_rng(0)
+        buffer.add(rng.normal(size=(10_000, obs_size)), rng.uniform(-1, 1, (10_000, act_size)),
+                   rng.normal(size=10_000), rng.normal(size=(10_000, obs_size)),
+                   np.zeros(10_000, bool))
+        for _ in range(20):
+            agent.update_from(buffer)
+        torch.cuda.synchronize()
+    return agent, buffer
 
+
+def time_updates(agent: ActorCritic, buffer: ReplayBuffer, updates: int) -> float:
+    """µs per update over ``updates`` updates, synchronised at the end."""
+    with matmul_precision(agent.cfg):  # eager matmuls read it on every call
+        began = time.perf_counter()
+        for _ in range(updates):
+            agent.update_from(buffer)
+        torch.cuda.synchronize()
+    return (time.perf_counter() - began) / updates * 1e6
+
+
+def profile_updates(agent: ActorCritic, buffer: ReplayBuffer, breakdown: bool, mode: str
+                    ) -> tuple[float, float]:
+    """(kernels per update, kernel µs per update) from the torch profiler."""
     profiled = 20  # even: SAC's delayed actor runs twice every other update
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with matmul_precision(agent.cfg), \
+            profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(profiled):
             agent.update_from(buffer)
         torch.cuda.synchronize()
@@ -118,11 +129,11 @@ def _update_alone(cfg: Config, env_id: str, flags: list[str], updates: int, brea
         by_name: dict[str, list[float]] = {}
         for e in kernels:
             by_name.setdefault(e.name, []).append(e.device_time)
-        print(f"  kernels per update by name ({' '.join(flags)}):")
+        print(f"  kernels per update by name ({mode}):")
         for name, times in sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:40]:
             print(f"    {len(times) / profiled:6.1f} x {sum(times) / len(times):6.1f} us  "
                   f"{name[:110]}")
-    return per_update, len(kernels) / profiled, kernel_us / profiled
+    return len(kernels) / profiled, kernel_us / profiled
 
 
 def main() -> None:
@@ -155,16 +166,21 @@ def main() -> None:
           f"{args.learning_starts}, {args.steps} steps ({args.eager_steps} eager)")
     with tempfile.TemporaryDirectory() as log_dir:
         for env_id in args.envs:
-            rows = []
+            loops = {}
             for mode in args.modes:
                 steps = args.eager_steps if mode == "eager" else args.steps
-                summary = run_loop(env_id, MODES[mode], steps, args.learning_starts, log_dir)
-                update_us, kernels, floor_us = update_alone(env_id, MODES[mode], args.updates,
-                                                            args.breakdown)
-                rows.append(Row(mode, summary["learning_sps"], summary["host_us_per_iteration"],
-                                summary["build_seconds"], update_us, kernels, floor_us))
-                print(f"  {env_id} {mode}: {rows[-1]}", flush=True)
-            print_table(env_id, rows)
+                loops[mode] = run_loop(env_id, MODES[mode], steps, args.learning_starts, log_dir)
+                print(f"  {env_id} {mode}: {loops[mode]['learning_sps']:,.0f} steps/s",
+                      flush=True)
+            agents = {mode: build_update(env_id, MODES[mode]) for mode in args.modes}
+            update_us = {mode: time_updates(*agents[mode], args.updates) for mode in args.modes}
+            # Last: see the module's docstring.
+            kernels = {mode: profile_updates(*agents[mode], args.breakdown, mode)
+                       for mode in args.modes}
+            print_table(env_id, [
+                Row(mode, loops[mode]["learning_sps"], loops[mode]["host_us_per_iteration"],
+                    loops[mode]["build_seconds"], update_us[mode], *kernels[mode])
+                for mode in args.modes])
 
 
 def run_loop_learning(env_id: str, flags: list[str], steps: int, learning_starts: int,
