@@ -304,7 +304,29 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
             if not cfg.overlap and device.type == "cuda":
                 torch.cuda.synchronize(device)
 
+        # The last step's transition: written into the buffer while the next action is being
+        # computed (off the path from one env step to the next), before the next updates, and
+        # before any checkpoint.
+        pending: tuple[np.ndarray, ...] | None = None
+
+        def add_pending() -> None:
+            nonlocal pending
+            if pending is not None:
+                buffer.add(*pending)
+                pending = None
+
+        def request_action() -> bool:
+            acting = progress.global_step >= cfg.learning_starts and actions_pipe is not None
+            if acting:
+                actions_pipe.request(observations)
+            return acting
+
         while progress.global_step < cfg.total_timesteps:
+            # The policy's action is queued first and the updates after it, so waiting for
+            # the action never waits for the updates. The host then steps the environments
+            # while the GPU updates; envs in subprocesses step while the host launches them.
+            acting = request_action()
+            add_pending()
             # len(buffer): a run resumed without its buffer first refills one batch.
             updating = (progress.global_step + cfg.num_envs > cfg.learning_starts
                         and len(buffer) >= cfg.batch_size)
@@ -316,12 +338,7 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
                 bar.write(f"updates: {_describe_mode(agent)}; built in "
                           f"{clock.build_seconds:.1f} s")
                 clock.start_learning(progress.global_step)
-            # The policy's action is queued first and the updates after it, so waiting for
-            # the action never waits for the updates. The host then steps the environments
-            # while the GPU updates; envs in subprocesses step while the host launches them.
-            acting = progress.global_step >= cfg.learning_starts and actions_pipe is not None
-            if acting:
-                actions_pipe.request(observations)
+                acting = request_action()
             if updating and not stepper.asynchronous:
                 update()
             if acting:
@@ -340,7 +357,7 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
                 logger.episode(progress.global_step, episodic_return, length)
                 progress.recent_returns.append(episodic_return)
                 progress.episodes += 1
-            buffer.add(observations, actions, rewards,
+            pending = (observations, actions, rewards,
                        true_next_observations(next_observations, infos), terminations)
             observations = next_observations
 
@@ -350,6 +367,7 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
             if step % cfg.log_interval < cfg.num_envs or done or stops:
                 _log(logger, agent, cfg, progress, bar, clock.sps(step))
             if step % cfg.checkpoint_every < cfg.num_envs or done or stops:
+                add_pending()
                 saved = _checkpoint(cfg, run_dir, progress, agent, envs, observations, buffer,
                                     actions_pipe)
             if stops:

@@ -5,13 +5,19 @@ from __future__ import annotations
 import gc
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rl_graphstep import train as train_module
+from rl_graphstep.acting import ActionPipe
+from rl_graphstep.algorithms.base import ActorCritic
+from rl_graphstep.buffer import ReplayBuffer
+from rl_graphstep.checkpoint import load_checkpoint
 from rl_graphstep.config import load_config
 from rl_graphstep.train import main, train
 
@@ -93,6 +99,31 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     """The command line as a user runs it, from the repository root."""
     return subprocess.run([sys.executable, "-m", "rl_graphstep.train", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
+
+
+def test_the_last_transition_is_written_while_the_next_action_is_computed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each step: the action requested, the last step's transition added, the updates
+    launched, then the wait for the action; and a checkpoint holds every transition."""
+    calls: list[str] = []
+
+    def recording(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def record(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return original(*args, **kwargs)
+        return record
+
+    for cls, name in ((ActionPipe, "request"), (ActionPipe, "wait"), (ReplayBuffer, "add"),
+                      (ActorCritic, "update_from")):
+        monkeypatch.setattr(cls, name, recording(name, getattr(cls, name)))
+    summary = train(load_config(["--env", "Pendulum-v1", "--log-dir", str(tmp_path),
+                                 "--run-name", "order", *SHORT, "--save-buffer"]))
+    assert summary["global_step"] == 400
+    first = calls.index("request")  # learning starts at step 150
+    assert calls[:first] == ["add"] * 150  # steps 0-148, and 149 before the steps are built
+    assert calls[first:] == ["request", "update_from", "wait"] + [
+        "request", "add", "update_from", "wait"] * 249 + ["add"]  # the last, before saving
+    assert load_checkpoint(tmp_path / "order")["buffer"]["size"] == 400
 
 
 @pytest.mark.parametrize(
