@@ -183,6 +183,30 @@ def test_an_action_beside_an_update_sees_the_actor_one_round_behind() -> None:
     assert changed  # the updates did rewrite the actor meanwhile
 
 
+@pytest.mark.parametrize("beside", [True, False], ids=["action stream", "in line"])
+def test_an_action_beside_the_updates_waits_for_none_of_them(beside: bool) -> None:
+    """With 200 updates queued (well over 100 ms of GPU work), the action requested after
+    them comes back while they still run; in line, it comes back after them."""
+    buffer = filled_buffer()
+    agent = sac(True, False)
+    agent.build(buffer)
+    pipe = ActionPipe(agent.explore, 4, 17, ACT, DEVICE, use_graph=True,
+                      noise_size=agent.exploration_noise_size() if beside else 0,
+                      refresh=agent.separate_behaviour_actor() if beside else None)
+    assert (pipe.side_stream is not None) is beside
+    observations = np.zeros((4, 17), np.float32)
+    pipe.request(observations)
+    pipe.wait()
+    for _ in range(200):
+        agent.update_from(buffer)
+    updates_done = torch.cuda.Event()
+    updates_done.record()
+    pipe.request(observations)
+    pipe.wait()
+    assert updates_done.query() is not beside
+    torch.cuda.synchronize()
+
+
 def test_captured_action_selection_matches_eager_and_is_fresh() -> None:
     torch.manual_seed(0)
     actor = SquashedGaussianActor(OBS, ACT, (64, 64)).to(DEVICE)
