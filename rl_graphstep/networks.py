@@ -168,7 +168,7 @@ class EnsembleCritic(nn.Module):
 
     Member e's layer l computes `h @ weights[l][e] + biases[l][e]`, like an `nn.Linear` with
     weight `weights[l][e].T`, and is initialised the same way, so the ensemble behaves like
-    separate `nn.Linear` critics while costing one `baddbmm` per layer.
+    separate `nn.Linear` critics while costing one batched matmul per layer.
 
     Args:
         observation_space: flat Box of the observations.
@@ -213,7 +213,10 @@ class EnsembleCritic(nn.Module):
         h = x.unsqueeze(0).expand(self.num_critics, -1, -1)
         last = len(self.weights) - 1
         for i, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
-            h = torch.baddbmm(bias, h, weight)
+            # Not `baddbmm`: on CUDA it first copies the broadcast bias into its output (a
+            # kernel of its own), where a separate add fuses into the next pointwise kernel
+            # (the ReLU, or the loss) under torch.compile.
+            h = torch.bmm(h, weight) + bias
             if i < last:
                 h = torch.relu(h)
         return h.squeeze(-1).transpose(0, 1)
