@@ -214,6 +214,22 @@ def _own_code(method: Callable[..., Any]) -> Callable[..., Any]:
     return types.MethodType(fresh, method.__self__)
 
 
+def compile_now(method: Callable[..., Any], *args: Any, what: str
+                ) -> Callable[..., Any] | None:
+    """``torch.compile(method)`` (a bound method, on a code object of its own), compiled now
+    by one call on ``args`` (make it a call without effect), so that a capture later records
+    the compiled kernels instead of compiling inside the capture. None, with a one-line
+    warning, where the compiler fails."""
+    compiled = torch.compile(_own_code(method))
+    try:
+        compiled(*args)
+    except Exception as error:  # the compiler's own failures have no common base class
+        warnings.warn(f"torch.compile failed on {what} ({_describe(_root_cause(error))}); "
+                      f"it runs uncompiled", stacklevel=3)
+        return None
+    return compiled
+
+
 class _UpdateBody:
     """The update both steps run: zero grads, forward, loss, backward, transform, step.
 

@@ -570,6 +570,69 @@ def test_the_agent_runs_uncompiled_when_compiling_fails(monkeypatch: pytest.Monk
         strict.update(ROWS)
 
 
+def polyak_pair(seed: int) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A source network and its target, which differ (as after some training)."""
+    torch.manual_seed(seed)
+    source = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    target = copy.deepcopy(source).requires_grad_(False)
+    with torch.no_grad():
+        for parameter in source.parameters():
+            parameter.add_(torch.randn_like(parameter))
+    return target, source
+
+
+def test_a_compiled_target_update_averages_as_the_lerp_does() -> None:
+    target, source = polyak_pair(0)
+    reference = copy.deepcopy(target)
+    compiled = base.PolyakAverage([(target, source)], tau=0.05)
+    eager = base.PolyakAverage([(reference, source)], tau=0.05)
+    compiled.compile()
+    assert compiled._compiled is not None
+    for t, r in zip(target.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(t, r)  # compiling it moved no target
+    for _ in range(3):
+        compiled()
+        eager()
+    start = polyak_pair(0)[0].parameters()
+    for t, r, s in zip(target.parameters(), reference.parameters(), start, strict=True):
+        torch.testing.assert_close(t, r, rtol=1e-6, atol=1e-7)
+        assert not torch.equal(t, s)  # the three averages moved every tensor
+
+
+def test_a_target_update_the_compiler_fails_on_runs_uncompiled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    target, source = polyak_pair(1)
+    reference = copy.deepcopy(target)
+    average = base.PolyakAverage([(target, source)], tau=0.05)
+    with pytest.warns(UserWarning) as warned:
+        average.compile()
+    assert [str(w.message) for w in warned] == [
+        "torch.compile failed on the target update (RuntimeError: the compiler gave up); "
+        "it runs uncompiled"]
+    average()
+    torch._foreach_lerp_(list(reference.parameters()), list(source.parameters()), 0.05)
+    for t, r in zip(target.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(t, r)
+
+
+@pytest.mark.parametrize("kind", [SAC, TD3])
+@pytest.mark.parametrize("compile", [True, False])
+def test_an_agent_compiles_its_target_updates_with_its_steps(
+        kind: type[ActorCritic], compile: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before any graph could record them: the fused update graphs record the average."""
+    real = torch.compile
+    # The eager backend traces as the real one does but generates no code: fast on a CPU.
+    monkeypatch.setattr(torch, "compile", lambda function, **_: real(function, backend="eager"))
+    actor = FixedActor if kind is SAC else FixedDeterministicActor
+    agent = kind(actor(), LinearCritic(), Config(gamma=0.9, tau=0.1, batch_size=2),
+                 observation_size=2, action_size=1, device=CPU, compile=compile)
+    averages = agent.target_averages()
+    assert len(averages) == 1 and all(a._compiled is None for a in averages)
+    agent.capture(ROWS)
+    assert [a._compiled is not None for a in averages] == [compile]
+
+
 def test_a_capture_failure_falls_back_to_eager_and_uncompiled(monkeypatch: pytest.MonkeyPatch
                                                                 ) -> None:
     """A step that cannot be captured (not a compiler failure) keeps the compile setting

@@ -25,6 +25,7 @@ from rl_graphstep.graphstep import (
     CudaGraphAdaptationStep,
     capture_graph,
     clip_grad_norm,
+    compile_now,
     make_adaptation_step,
 )
 from rl_graphstep.metrics import MetricSums
@@ -47,7 +48,11 @@ class FusedUpdate(NamedTuple):
 
 class PolyakAverage:
     """target <- (1 - tau) * target + tau * source for each (target, source) module pair, in
-    place (a target is never re-created) and in one fused launch for all pairs."""
+    place (a target is never re-created) and in one fused launch for all pairs.
+
+    :meth:`compile` makes that launch one compiled kernel (``torch._foreach_lerp_`` runs as
+    a multi-tensor kernel that took ~9 µs per call inside the update graph on an H200).
+    """
 
     def __init__(self, pairs: list[tuple[nn.Module, nn.Module]], tau: float) -> None:
         self.targets = [p for target, _ in pairs for p in target.parameters()]
@@ -55,10 +60,35 @@ class PolyakAverage:
         if len(self.targets) != len(self.sources):
             raise ValueError("each target network must have its source's parameters")
         self.tau = tau
+        # The compiled form and its weight, a device tensor: 0 while it compiles.
+        self._compiled: Callable[[Tensor], None] | None = None
+        self._weight: Tensor | None = None
+
+    def compile(self) -> None:
+        """Compile the average now, outside any capture (compiling inside one would fail),
+        so that a graph recording it later records the compiled kernel. Compiled once, by a
+        call with weight 0, which leaves every finite target as it is. Where the compiler
+        fails, the average stays as it was, with a warning."""
+        if self._compiled is not None or not self.targets:
+            return
+        weight = torch.zeros((), device=self.targets[0].device, dtype=self.targets[0].dtype)
+        with torch.no_grad():
+            self._compiled = compile_now(self._step, weight, what="the target update")
+        weight.fill_(self.tau)
+        self._weight = weight
+
+    def _step(self, weight: Tensor) -> None:
+        """targets += weight * (sources - targets), the formula ``lerp`` uses for weights
+        below 0.5, in foreach ops: ``_foreach_lerp_`` takes no tensor weight."""
+        differences = torch._foreach_sub(self.sources, self.targets)
+        torch._foreach_add_(self.targets, torch._foreach_mul(differences, weight))
 
     @torch.no_grad()
     def __call__(self) -> None:
-        torch._foreach_lerp_(self.targets, self.sources, self.tau)
+        if self._compiled is not None:
+            self._compiled(self._weight)
+        else:
+            torch._foreach_lerp_(self.targets, self.sources, self.tau)
 
 
 class ActorCritic:
@@ -217,7 +247,7 @@ class ActorCritic:
         while True:
             try:
                 self._make_steps(rows, self.use_graph, self.compile)
-                return
+                break
             except CaptureError as error:
                 self.critic_step = self.actor_step = None
                 if isinstance(error, CompileError) and self.compile and self.compile_fallback:
@@ -231,6 +261,14 @@ class ActorCritic:
                     self.compile = self.compile and not self.compile_fallback
                 else:
                     raise
+        if self.compile:
+            # Before any graph records them (the fused updates do).
+            for average in self.target_averages():
+                average.compile()
+
+    def target_averages(self) -> list[PolyakAverage]:
+        """The target updates this agent holds (its :class:`PolyakAverage` attributes)."""
+        return [value for value in vars(self).values() if isinstance(value, PolyakAverage)]
 
     def _static_columns(self) -> list[tuple[Tensor, slice]]:
         """Where each column range of a packed replay row goes: the steps' static buffers."""
