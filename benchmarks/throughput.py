@@ -35,26 +35,28 @@ from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.config import load_config
 from rl_graphstep.train import matmul_precision, resolve_compile, resolve_graph, train
 
-# name -> flags; "graph" modes without overlap wait for the updates every env step.
+# name -> flags; "graph" modes without overlap wait for the updates every env step. Modes
+# without "action stream" in their name act in line, on the updates' stream.
+IN_LINE = ["--action-stream", "off"]
 MODES: dict[str, list[str]] = {
     "eager": ["--graph", "off"],
-    "graph": ["--graph", "on", "--compile", "off", "--no-overlap"],
-    "graph+compile": ["--graph", "on", "--compile", "on", "--no-overlap"],
-    "graph+overlap": ["--graph", "on", "--compile", "off"],
-    "graph+compile+overlap (default)": ["--graph", "on", "--compile", "on"],
-    # The action on a stream of its own, beside the updates (opt-in: host-drawn noise).
-    "graph+compile+overlap+action stream": ["--graph", "on", "--compile", "on",
-                                            "--action-stream"],
-    "graph+compile+overlap+action stream+tf32": ["--graph", "on", "--compile", "on",
-                                                 "--action-stream", "--tf32"],
+    "graph": ["--graph", "on", "--compile", "off", "--no-overlap", *IN_LINE],
+    "graph+compile": ["--graph", "on", "--compile", "on", "--no-overlap", *IN_LINE],
+    "graph+overlap": ["--graph", "on", "--compile", "off", *IN_LINE],
+    "graph+compile+overlap": ["--graph", "on", "--compile", "on", *IN_LINE],
+    # The default on CUDA: the action on a stream of its own, beside the updates.
+    "graph+compile+overlap+action stream (default)": ["--graph", "on", "--compile", "on"],
+    "graph+compile+overlap+action stream+tf32": ["--graph", "on", "--compile", "on", "--tf32"],
     # The envs step in a worker process while the host launches the updates.
-    "graph+compile+overlap+env worker": ["--graph", "on", "--compile", "on", "--env-worker"],
+    "graph+compile+overlap+env worker": ["--graph", "on", "--compile", "on", "--env-worker",
+                                         *IN_LINE],
     # With TF32 tensor-core matmuls.
-    "graph+compile+overlap+tf32": ["--graph", "on", "--compile", "on", "--tf32"],
+    "graph+compile+overlap+tf32": ["--graph", "on", "--compile", "on", "--tf32", *IN_LINE],
     "graph+compile+overlap+env worker+tf32": ["--graph", "on", "--compile", "on",
-                                              "--env-worker", "--tf32"],
+                                              "--env-worker", "--tf32", *IN_LINE],
     # The same with gymnasium's AsyncVectorEnv (a process per env, results pickled).
-    "graph+compile+overlap+async envs": ["--graph", "on", "--compile", "on", "--async-envs"],
+    "graph+compile+overlap+async envs": ["--graph", "on", "--compile", "on", "--async-envs",
+                                         *IN_LINE],
 }
 DEFAULT_MODES = [m for m in MODES if "async" not in m]
 

@@ -24,6 +24,7 @@ ALGORITHMS: tuple[str, ...] = ("sac", "td3", "ddpg")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 GRAPH_MODES: tuple[str, ...] = ("auto", "on", "off")
 COMPILE_MODES: tuple[str, ...] = ("auto", "on", "off")
+ACTION_STREAM_MODES: tuple[str, ...] = ("auto", "on", "off")
 
 # Env-id base names (before "-vN") that share the MuJoCo default hyperparameters.
 MUJOCO_ENVS: frozenset[str] = frozenset(
@@ -97,12 +98,12 @@ class Config:
         True, "step the environments while the GPU updates (off: wait for each update, a "
         "benchmark baseline)"
     )
-    action_stream: bool = option(
-        False, "with CUDA graphs, select each action on a stream of its own, beside the "
+    action_stream: str = option(
+        "auto", "with CUDA graphs, select each action on a stream of its own, beside the "
         "updates, waiting for none of them: from the actor as it was at the previous action "
-        "(one round of updates behind), with the exploration noise drawn on the host (off: "
-        "on the updates' stream, from the actor after the last update, noise drawn on the "
-        "device)"
+        "(one round of updates behind), with the exploration noise drawn on the host; auto "
+        "(on with CUDA graphs and an actor that takes host noise), on, or off (on the "
+        "updates' stream, from the actor after the last update, noise drawn on the device)"
     )
     buffer_size: int = option(1_000_000, "replay buffer capacity in transitions")
     batch_size: int = option(256, "rows per gradient update")
@@ -196,7 +197,11 @@ _POSITIVE_INTS = (
 )
 _CHOICES: dict[str, tuple[str, ...]] = {
     "algo": ALGORITHMS, "device": DEVICES, "graph": GRAPH_MODES, "compile": COMPILE_MODES,
+    "action_stream": ACTION_STREAM_MODES,
 }
+# auto/on/off settings: YAML 1.1 reads a bare on/off as true/false, and configs saved before
+# --action-stream had an auto value hold a bool there; both mean on/off.
+_SWITCHES = ("graph", "compile", "action_stream")
 
 
 _NOISES = ("policy_noise", "noise_clip", "exploration_noise")
@@ -298,6 +303,8 @@ def _coerce(name: str, value: Any) -> Any:
             if not isinstance(value, bool):
                 raise TypeError
             return value
+        if name in _SWITCHES and isinstance(value, bool):
+            return "on" if value else "off"
         if kind in (str, str | None):
             if value is None and kind is not str:
                 return None
@@ -452,6 +459,12 @@ def build_parser() -> argparse.ArgumentParser:
         elif name in _KWARGS:
             # Parsed by load_config, so a bad mapping is a ConfigError like one from YAML.
             parser.add_argument(*flags, type=str, metavar="YAML", help=help_text)
+        elif name in _SWITCHES:
+            # --action-stream alone means on, --no-action-stream off (they were a bool flag).
+            parser.add_argument(*flags, type=str, nargs="?", const="on",
+                                metavar="{auto,on,off}", help=help_text)
+            parser.add_argument("--no-" + _flag(name)[2:], dest=name, action="store_const",
+                                const="off", help=f"the same as {_flag(name)} off")
         elif name in _CHOICES:
             # Choices are validated by Config, so flags and YAML share one error message.
             metavar = "{" + ",".join(_CHOICES[name]) + "}"

@@ -390,8 +390,11 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     }
 
 
-def _can_act_beside(agent: ActorCritic) -> bool:
-    """Whether the action can run on a stream of its own; a warning says why not."""
+def _acts_beside(agent: ActorCritic, cfg: Config) -> bool:
+    """Whether the action runs on a stream of its own (``--action-stream``): ``off`` never;
+    ``on`` where it can, with a warning that says why not; ``auto`` where it can, silently."""
+    if cfg.action_stream == "off":
+        return False
     if not agent.use_graph:
         why = "it needs CUDA graphs"
     elif agent.exploration_noise_size() == 0:
@@ -399,8 +402,9 @@ def _can_act_beside(agent: ActorCritic) -> bool:
                "action would draw its noise on the device")
     else:
         return True
-    warnings.warn(f"--action-stream: acting on the updates' stream instead ({why})",
-                  stacklevel=3)
+    if cfg.action_stream == "on":
+        warnings.warn(f"--action-stream: acting on the updates' stream instead ({why})",
+                      stacklevel=3)
     return False
 
 
@@ -415,7 +419,7 @@ def _build_steps(agent: ActorCritic, buffer: ReplayBuffer, cfg: Config,
     # device (two streams would share the generator's offset): its noise comes from the host,
     # where the policy takes it, and it reads a copy of the actor one round of updates behind
     # (the actor as it was at the previous request), so it waits for no update.
-    beside = cfg.action_stream and _can_act_beside(agent)
+    beside = _acts_beside(agent, cfg)
     pipe = ActionPipe(agent.explore, cfg.num_envs, agent.observation_size, action_space,
                       agent.device,
                       use_graph=agent.use_graph and (None if agent.graph_fallback else True),

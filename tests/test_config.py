@@ -71,6 +71,28 @@ def test_yaml_1_1_exponents_are_numbers(tmp_path: Path) -> None:
     assert (cfg.policy_lr, cfg.buffer_size) == (3e-4, 1_000_000)
 
 
+@pytest.mark.parametrize(("argv", "expected"), [
+    ([], "auto"),
+    (["--action-stream"], "on"),  # the bare flag of the former bool switch
+    (["--action-stream", "off"], "off"),
+    (["--no-action-stream"], "off"),
+    (["--action-stream", "auto"], "auto"),
+])
+def test_action_stream_flags(argv: list[str], expected: str) -> None:
+    assert load_config(argv).action_stream == expected
+
+
+def test_on_off_switches_read_yaml_1_1_booleans(tmp_path: Path) -> None:
+    # PyYAML reads a bare `off` as False, and configs saved when --action-stream was a bool
+    # switch hold true/false: both mean on/off, and `auto` stays a string.
+    path = write(tmp_path, "graph: off\ncompile: on\naction_stream: false\n")
+    cfg = load_config(["--config", path])
+    assert (cfg.graph, cfg.compile, cfg.action_stream) == ("off", "on", "off")
+    assert Config(action_stream=True).action_stream == "on"
+    one_line_error(["--config", write(tmp_path, "action_stream: 1\n")],
+                   r"action_stream must be a string, got 1")
+
+
 def test_flags_override_yaml(tmp_path: Path) -> None:
     path = write(tmp_path, "batch_size: 128\ntau: 0.01\n")
     cfg = load_config(["--config", path, "--batch-size", "512", "--no-progress"])
@@ -162,6 +184,8 @@ def test_bad_value_in_yaml_names_the_file(tmp_path: Path) -> None:
         (["--batch-size", "-1"], "--batch-size must be a positive int, got -1"),
         (["--device", "gpu"], "--device must be one of auto, cpu, cuda, got 'gpu'"),
         (["--graph", "maybe"], "--graph must be one of auto, on, off, got 'maybe'"),
+        (["--action-stream", "yes"],
+         "--action-stream must be one of auto, on, off, got 'yes'"),
         (["--algo", "ppo"], "--algo must be one of sac, td3, ddpg, got 'ppo'"),
         (["--gamma", "1.5"], "--gamma must be in [0, 1], got 1.5"),
         (["--q-lr", "0"], "--q-lr must be > 0, got 0.0"),

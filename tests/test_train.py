@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from rl_graphstep.acting import ActionPipe
 from rl_graphstep.algorithms.base import ActorCritic
 from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.checkpoint import load_checkpoint
-from rl_graphstep.config import load_config
+from rl_graphstep.config import Config, load_config
 from rl_graphstep.train import main, train
 
 TAGS = {
@@ -227,26 +228,26 @@ def test_learns_pendulum_on_cpu(algo: str, steps: int, tmp_path: Path) -> None:
     assert summary["mean_return_last_10"] >= -300, summary
 
 
-def test_the_action_stream_without_cuda_graphs_warns_and_acts_in_line(tmp_path: Path) -> None:
+def test_the_action_stream_without_cuda_graphs_acts_in_line(tmp_path: Path) -> None:
+    """Eager, every --action-stream acts in line and learns alike; only an explicit on warns."""
     summaries = {}
-    for flag in ("--action-stream", "--no-action-stream"):
+    for value in ("on", "off", "auto"):
         cfg = load_config(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), "--run-name",
-                           flag.strip("-"), *SHORT, flag])
-        if flag == "--action-stream":
-            with pytest.warns(UserWarning, match=r"--action-stream: acting on the updates' "
-                                                 r"stream instead \(it needs CUDA graphs\)"):
-                summaries[flag] = train(cfg)
-        else:
-            summaries[flag] = train(cfg)
-        assert summaries[flag]["action_stream"] is False
-    assert (summaries["--action-stream"]["mean_return_last_10"]
-            == summaries["--no-action-stream"]["mean_return_last_10"])
+                           value, *SHORT, "--action-stream", value])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            summaries[value] = train(cfg)
+        said = [str(w.message) for w in caught if "--action-stream" in str(w.message)]
+        assert said == (["--action-stream: acting on the updates' stream instead (it needs "
+                         "CUDA graphs)"] if value == "on" else [])
+        assert summaries[value]["action_stream"] is False
+    assert len({s["mean_return_last_10"] for s in summaries.values()}) == 1
 
 
 def test_the_action_stream_needs_a_policy_that_takes_host_noise() -> None:
     from types import SimpleNamespace
 
-    from rl_graphstep.train import _can_act_beside
+    from rl_graphstep.train import _acts_beside
 
     class PlainActor:
         pass
@@ -254,6 +255,11 @@ def test_the_action_stream_needs_a_policy_that_takes_host_noise() -> None:
     agent = SimpleNamespace(use_graph=True, actor=PlainActor(),
                             exploration_noise_size=lambda: 0)
     with pytest.warns(UserWarning, match=r"PlainActor has no sample\(observations, noise\)"):
-        assert _can_act_beside(agent) is False
+        assert _acts_beside(agent, Config(action_stream="on")) is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # auto falls back silently
+        assert _acts_beside(agent, Config(action_stream="auto")) is False
     agent.exploration_noise_size = lambda: 3
-    assert _can_act_beside(agent) is True
+    assert _acts_beside(agent, Config(action_stream="auto")) is True
+    assert _acts_beside(agent, Config(action_stream="on")) is True
+    assert _acts_beside(agent, Config(action_stream="off")) is False
