@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 from types import TracebackType
@@ -23,6 +24,21 @@ def run_name(cfg: Config) -> str:
     # A namespaced id ("ALE/Pong-v5") would otherwise nest the run one folder deeper.
     env = cfg.env_id.replace("/", "-")
     return f"{env}__{cfg.algo}__{cfg.seed}__{int(time.time())}"
+
+
+def claim_run_dir(path: Path) -> Path:
+    """Make ``path`` as a new, empty folder and return it; if it exists, make and return
+    ``path_2`` (``_3``, ...) instead. Made atomically, so two runs named by the same second of
+    the clock get a folder each rather than mixing their logs and checkpoints in one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for number in itertools.count(1):
+        candidate = path if number == 1 else path.with_name(f"{path.name}_{number}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+    raise AssertionError("unreachable")  # itertools.count never ends
 
 
 class Logger:

@@ -57,7 +57,7 @@ from rl_graphstep.envs import (
 )
 from rl_graphstep.envworker import EnvWorker
 from rl_graphstep.errors import ConfigError, RLGraphstepError
-from rl_graphstep.logger import Logger, run_name
+from rl_graphstep.logger import Logger, claim_run_dir, run_name
 from rl_graphstep.metrics import MetricSums
 from rl_graphstep.plugins import build_network, check_actor, check_critic
 
@@ -255,7 +255,9 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     resumed = (load_checkpoint(cfg.resume, env_id=cfg.env_id, algo=cfg.algo)
                if cfg.resume else None)
     run_dir = _run_dir(cfg)
-    if resumed is None and list_checkpoints(run_dir):
+    # A folder named by the clock is claimed when the run starts logging (see below).
+    by_clock = not cfg.resume and not cfg.run_name
+    if resumed is None and not by_clock and list_checkpoints(run_dir):
         raise ConfigError(f"{run_dir} already holds a run with checkpoints; continue it with "
                           "--resume or pick another --run-name")
     # Resumed from an older checkpoint: the later ones belong to the abandoned timeline.
@@ -289,6 +291,10 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     clock = LoopClock(progress.global_step)
     # A resumed run drops what the stopped one logged after its checkpoint (step + 1 on).
     purge_step = progress.global_step + 1 if resumed else None
+    if by_clock:
+        # Made here, not earlier, so that bad input leaves no empty folder behind; a run
+        # started in the same second (the name's resolution) gets a folder of its own.
+        run_dir = claim_run_dir(run_dir)
     bar = tqdm(total=cfg.total_timesteps, initial=progress.global_step,
                disable=not cfg.progress, unit="step", dynamic_ncols=True)
     with Logger(run_dir, to_markdown_table(cfg), purge_step=purge_step) as logger, bar, \

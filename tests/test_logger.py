@@ -10,7 +10,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rl_graphstep.config import Config, to_markdown_table
-from rl_graphstep.logger import Logger, run_name
+from rl_graphstep.logger import Logger, claim_run_dir, run_name
 from rl_graphstep.metrics import MetricSums
 
 
@@ -99,6 +99,13 @@ def test_run_name_format() -> None:
     assert run_name(Config(run_name="mine")) == "mine"
     name = run_name(Config(env_id="HalfCheetah-v5", seed=7))
     assert re.fullmatch(r"HalfCheetah-v5__sac__7__\d{10}", name)
+
+
+def test_claim_run_dir_gives_each_claim_a_new_folder(tmp_path: Path) -> None:
+    path = tmp_path / "runs" / "Pendulum-v1__sac__1__1796014201"
+    claimed = [claim_run_dir(path) for _ in range(3)]
+    assert [p.name for p in claimed] == [path.name, f"{path.name}_2", f"{path.name}_3"]
+    assert all(p.is_dir() and not any(p.iterdir()) for p in claimed)
 
 
 def test_exit_closes_on_exception(tmp_path: Path) -> None:

@@ -228,6 +228,24 @@ def test_learns_pendulum_on_cpu(algo: str, steps: int, tmp_path: Path) -> None:
     assert summary["mean_return_last_10"] >= -300, summary
 
 
+def test_runs_named_in_the_same_second_get_a_folder_each(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two runs started in one second of the clock (the default name's resolution) keep
+    their own logs and checkpoints."""
+    from rl_graphstep import logger
+
+    monkeypatch.setattr(logger.time, "time", lambda: 1796014201.5)
+    args = ["--env", "Pendulum-v1", "--log-dir", str(tmp_path), *SHORT]
+    first = train(load_config([*args, "--seed", "1"]))
+    second = train(load_config([*args, "--seed", "1", "--total-timesteps", "300"]))
+    name = "Pendulum-v1__sac__1__1796014201"
+    assert [Path(first["run_dir"]).name, Path(second["run_dir"]).name] == [name, f"{name}_2"]
+    assert load_checkpoint(tmp_path / name)["global_step"] == 400
+    assert load_checkpoint(tmp_path / f"{name}_2")["global_step"] == 300
+    assert all(len(list((tmp_path / n).glob("events.out.tfevents.*"))) == 1
+               for n in (name, f"{name}_2"))
+
+
 def test_the_action_stream_without_cuda_graphs_acts_in_line(tmp_path: Path) -> None:
     """Eager, every --action-stream acts in line and learns alike; only an explicit on warns."""
     summaries = {}
