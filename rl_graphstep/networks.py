@@ -8,7 +8,8 @@ A custom network plugs in if it meets `SACActor` / `Critic` below and runs insid
   optionally `actor.sample(observations, noise=None) -> (B, A)`, the draw of
   `actor(observations)[0]` without the log-probability, which SAC then uses to act; given
   `noise` (B, A), a standard normal draw, it uses that instead of drawing on the device, so
-  acting draws nothing there and can run beside an update.
+  acting draws nothing there and runs beside the updates (`--action-stream`, on by default
+  with CUDA graphs; without `sample(observations, noise)` the action runs in line).
 - critic: `critic(observations, actions) -> (B, E)`, one Q value per ensemble member, and a
   `num_critics` attribute giving E.
 - both: fixed shapes, no host syncs (`.item()`, `bool(t)`, Python `if` on a tensor, `nonzero`,
