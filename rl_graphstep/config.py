@@ -460,7 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
             # Parsed by load_config, so a bad mapping is a ConfigError like one from YAML.
             parser.add_argument(*flags, type=str, metavar="YAML", help=help_text)
         elif name in _SWITCHES:
-            # --action-stream alone means on, --no-action-stream off (they were a bool flag).
+            # --graph alone means on and --no-graph off (so --action-stream and
+            # --no-action-stream, a bool flag once, keep their meaning).
             parser.add_argument(*flags, type=str, nargs="?", const="on",
                                 metavar="{auto,on,off}", help=help_text)
             parser.add_argument("--no-" + _flag(name)[2:], dest=name, action="store_const",
