@@ -82,6 +82,11 @@ def test_action_stream_flags(argv: list[str], expected: str) -> None:
     assert load_config(argv).action_stream == expected
 
 
+def test_every_on_off_switch_has_both_bare_flags() -> None:
+    assert (load_config(["--no-graph"]).graph, load_config(["--compile"]).compile) == ("off", "on")
+    assert load_config(["--no-compile", "--graph", "auto"]).compile == "off"
+
+
 def test_on_off_switches_read_yaml_1_1_booleans(tmp_path: Path) -> None:
     # PyYAML reads a bare `off` as False, and configs saved when --action-stream was a bool
     # switch hold true/false: both mean on/off, and `auto` stays a string.
