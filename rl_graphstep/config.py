@@ -22,9 +22,8 @@ if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11+; the package suppor
 
 ALGORITHMS: tuple[str, ...] = ("sac", "td3", "ddpg")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
-GRAPH_MODES: tuple[str, ...] = ("auto", "on", "off")
-COMPILE_MODES: tuple[str, ...] = ("auto", "on", "off")
-ACTION_STREAM_MODES: tuple[str, ...] = ("auto", "on", "off")
+# The values of every on/off setting that can also be left to the machine.
+SWITCH_MODES: tuple[str, ...] = ("auto", "on", "off")
 
 # Env-id base names (before "-vN") that share the MuJoCo default hyperparameters.
 MUJOCO_ENVS: frozenset[str] = frozenset(
@@ -196,12 +195,12 @@ _POSITIVE_INTS = (
     "nonfinite_limit",
 )
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "algo": ALGORITHMS, "device": DEVICES, "graph": GRAPH_MODES, "compile": COMPILE_MODES,
-    "action_stream": ACTION_STREAM_MODES,
+    "algo": ALGORITHMS, "device": DEVICES, "graph": SWITCH_MODES, "compile": SWITCH_MODES,
+    "action_stream": SWITCH_MODES,
 }
-# auto/on/off settings: YAML 1.1 reads a bare on/off as true/false, and configs saved before
-# --action-stream had an auto value hold a bool there; both mean on/off.
-_SWITCHES = ("graph", "compile", "action_stream")
+# The auto/on/off settings: YAML 1.1 reads a bare on/off as true/false, and configs saved
+# before --action-stream had an auto value hold a bool there; both mean on/off.
+_SWITCHES = tuple(name for name, choices in _CHOICES.items() if choices is SWITCH_MODES)
 
 
 _NOISES = ("policy_noise", "noise_clip", "exploration_noise")
@@ -463,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
             # --graph alone means on and --no-graph off (so --action-stream and
             # --no-action-stream, a bool flag once, keep their meaning).
             parser.add_argument(*flags, type=str, nargs="?", const="on",
-                                metavar="{auto,on,off}", help=help_text)
+                                metavar="{" + ",".join(SWITCH_MODES) + "}", help=help_text)
             parser.add_argument("--no-" + _flag(name)[2:], dest=name, action="store_const",
                                 const="off", help=f"the same as {_flag(name)} off")
         elif name in _CHOICES:
