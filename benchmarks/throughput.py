@@ -93,7 +93,7 @@ def build_update(env_id: str, flags: list[str]) -> tuple[ActorCritic, ReplayBuff
         agent = kind(kind.default_actor(env.observation_space, env.action_space, cfg),
                      kind.default_critic(env.observation_space, env.action_space, cfg), cfg,
                      observation_size=obs_size, action_size=act_size, device=device,
-                     use_graph=use_graph, compile=resolve_compile(cfg, use_graph))
+                     use_graph=use_graph, compile=resolve_compile(cfg, use_graph, updates=0)[0])
         buffer = ReplayBuffer(10_000, obs_size, act_size, device)
         rng = np.random.default_rng(0)
         buffer.add(rng.normal(size=(10_000, obs_size)), rng.uniform(-1, 1, (10_000, act_size)),

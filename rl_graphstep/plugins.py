@@ -12,6 +12,7 @@ import itertools
 import os
 import re
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,6 +49,7 @@ _GRAPH_HINT = (
 )
 # PyTorch's sync debug mode raises a RuntimeError with this text (c10/cuda/CUDAFunctions.h).
 _SYNC_ERROR_TEXT = "synchronizing CUDA operation"
+_SYNC_MODE_NOTICE = "Synchronization debug mode is a prototype feature"
 # Module names for files loaded by path: a fresh one per load, so two files with one stem
 # (or one file loaded twice) never share a sys.modules entry.
 _file_module_ids = itertools.count()
@@ -356,7 +358,11 @@ def _run_forward(module: nn.Module, inputs: tuple[Tensor, ...], name: str,
     previous = torch.cuda.get_sync_debug_mode() if on_cuda else 0
     try:
         if on_cuda:
-            torch.cuda.set_sync_debug_mode("error")
+            with warnings.catch_warnings():
+                # Its notice that the mode is a prototype: this check knows, and says so in
+                # the protocol (a sync it misses is still caught when the step is captured).
+                warnings.filterwarnings("ignore", message=_SYNC_MODE_NOTICE)
+                torch.cuda.set_sync_debug_mode("error")
         return module(*inputs)
     except ConfigError:
         raise

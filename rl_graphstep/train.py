@@ -37,6 +37,7 @@ from rl_graphstep.checkpoint import (
     save_checkpoint,
     set_aside_later,
 )
+from rl_graphstep.compiling import compile_pays, quiet_compiler, updates_ahead
 from rl_graphstep.config import (
     Config,
     command_line_values,
@@ -99,13 +100,20 @@ def resolve_graph(cfg: Config, device: torch.device) -> bool | None:
     return None if device.type == "cuda" else False
 
 
-def resolve_compile(cfg: Config, use_graph: bool | None) -> bool | None:
-    """``on``/``off`` as given; ``auto``: compiled when the steps may be captured, uncompiled
-    (with a warning) when compiling fails (``None`` tells the agent so); eager steps stay
-    uncompiled (their compile would fail mid-run rather than at capture)."""
-    if cfg.compile == "auto":
-        return None if use_graph is not False else False
-    return cfg.compile == "on"
+def resolve_compile(cfg: Config, use_graph: bool | None, updates: int
+                    ) -> tuple[bool | None, str]:
+    """Whether to compile the steps, and why when ``auto`` chose: ``on``/``off`` as given;
+    ``auto``: compiled when the steps may be captured and the ``updates`` still to come are
+    estimated to save more time than compiling costs (a short run spends less uncompiled
+    than it would compiling), uncompiled (with a warning) when compiling fails (``None``
+    tells the agent so); eager steps stay uncompiled (their compile would fail mid-run rather
+    than at capture)."""
+    if cfg.compile != "auto":
+        return cfg.compile == "on", ""
+    if use_graph is False:
+        return False, ""
+    pays, why = compile_pays(updates)
+    return (None if pays else False), f"compile auto: {'on' if pays else 'off'}, {why}"
 
 
 def make_networks(algorithm: type[ActorCritic], cfg: Config, observation_space: gym.Space,
@@ -275,9 +283,12 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     actor_net, critic_net = make_networks(algorithm, cfg, observation_space, action_space,
                                           device, actor, critic)
     buffer = ReplayBuffer(cfg.buffer_size, observation_size, action_size, device)
+    compiled, compile_note = resolve_compile(cfg, use_graph, updates_ahead(
+        cfg.total_timesteps, int(resumed["global_step"]) if resumed else 0,
+        cfg.learning_starts, cfg.num_envs, cfg.updates_per_step))
     agent = algorithm(actor_net, critic_net, cfg, observation_size=observation_size,
                       action_size=action_size, device=device, use_graph=use_graph,
-                      compile=resolve_compile(cfg, use_graph))
+                      compile=compiled)
     progress = Progress(episode_stats=EpisodeStatistics(cfg.num_envs))
     if resumed is not None:
         envs, observations = _restore(resumed, agent, buffer, progress, envs)
@@ -342,7 +353,8 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
                                             resumed.get("staged_actor") if resumed else None)
                 clock.build_seconds = time.perf_counter() - began
                 bar.write(f"updates: {_describe_mode(agent)}; built in "
-                          f"{clock.build_seconds:.1f} s")
+                          f"{clock.build_seconds:.1f} s"
+                          + (f" ({compile_note})" if compile_note else ""))
                 clock.start_learning(progress.global_step)
                 acting = request_action()
             if updating and not stepper.asynchronous:
@@ -420,7 +432,8 @@ def _build_steps(agent: ActorCritic, buffer: ReplayBuffer, cfg: Config,
     """Capture (or wrap) the update steps, the replay sampling and the action selection:
     compiling is paid once, here. The updates add their metrics into ``metrics``; ``staged``
     is a resumed run's staged actor (see ``ActionPipe``)."""
-    agent.build(buffer, metrics=metrics)
+    with quiet_compiler():
+        agent.build(buffer, metrics=metrics)
     # --action-stream: the action runs beside the updates, so it must draw nothing on the
     # device (two streams would share the generator's offset): its noise comes from the host,
     # where the policy takes it, and it reads a copy of the actor one round of updates behind

@@ -291,17 +291,18 @@ BASE = ["--env", "Pendulum-v1", "--device", "cuda", "--total-timesteps", "400",
 
 
 @pytest.mark.parametrize("flags", [
-    ["--graph", "on"],
+    ["--graph", "on", "--compile", "on"],
+    ["--graph", "on"],  # compile auto: off, 200 updates do not pay for compiling
     ["--graph", "on", "--compile", "off"],
     ["--graph", "off"],
     ["--graph", "on", "--compile", "off", "--no-overlap"],
     ["--graph", "on", "--compile", "off", "--updates-per-step", "2", "--num-envs", "2",
      "--async-envs"],
-], ids=["graph+compile", "graph", "eager", "graph-no-overlap", "k2-async"])
+], ids=["graph+compile", "graph-auto", "graph", "eager", "graph-no-overlap", "k2-async"])
 def test_every_loop_mode_runs(flags: list[str], tmp_path: Path) -> None:
     summary = train(load_config([*BASE, *flags, "--log-dir", str(tmp_path)]))
     assert summary["graph"] is (flags[1] == "on")
-    assert summary["compile"] is (flags[:2] == ["--graph", "on"] and "--compile" not in flags)
+    assert summary["compile"] is (flags[2:4] == ["--compile", "on"])
     assert summary["learning_sps"] > 0 and summary["host_us_per_iteration"] > 0
     # The default with CUDA graphs (SAC's actor takes host noise); eager acts in line.
     assert summary["action_stream"] is (flags[1] == "on")
