@@ -145,7 +145,10 @@ class Config:
     critic_max_grad_norm: float = option(100.0, "critic gradient-norm clip")
     actor_max_grad_norm: float = option(100.0, "actor gradient-norm clip")
     log_interval: int = option(1000, "environment steps between tensorboard writes")
-    progress: bool = option(True, "show a progress bar")
+    progress: bool = option(
+        True, "show progress: a bar on a terminal, else a line at most every 10 s (off: only "
+        "the first lines and the last)"
+    )
     checkpoint_every: int = option(
         50_000, "environment steps between checkpoints (one is always written at the end)"
     )
