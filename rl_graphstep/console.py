@@ -149,7 +149,7 @@ class ProgressDisplay:
             self.write(progress_line(step, self.total, sps, mean_return, eta,
                                      learning=self.learning is not None or self.random_only))
             return
-        postfix = {}
+        postfix: dict[str, str] = {}
         if mean_return is not None:
             postfix["ret"] = f"{mean_return:.1f}"
         if sps is not None:
