@@ -145,7 +145,10 @@ class Config:
     critic_max_grad_norm: float = option(100.0, "critic gradient-norm clip")
     actor_max_grad_norm: float = option(100.0, "actor gradient-norm clip")
     log_interval: int = option(1000, "environment steps between tensorboard writes")
-    progress: bool = option(True, "show a progress bar")
+    progress: bool = option(
+        True, "show progress: a bar on a terminal, else a line at most every 10 s (off: only "
+        "the first lines and the last)"
+    )
     checkpoint_every: int = option(
         50_000, "environment steps between checkpoints (one is always written at the end)"
     )
@@ -432,11 +435,13 @@ def read_config_file(path: Path | Traversable | str) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- command line
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """One --kebab-case flag per Config field; flags not given stay absent from the namespace."""
+def build_parser(shown: ShownDefaults | None = None) -> argparse.ArgumentParser:
+    """One --kebab-case flag per Config field; flags not given stay absent from the namespace.
+    ``shown``: the defaults the help texts give (the built-in ones when None)."""
     parser = argparse.ArgumentParser(
         prog="python -m rl_graphstep.train",
-        description="Train an off-policy actor-critic agent with CUDA-graph-captured updates.",
+        description="Train an off-policy actor-critic agent with CUDA-graph-captured updates."
+        + (f" {shown.note}" if shown else ""),
         epilog=(
             "Precedence: built-in defaults < the shipped YAML for --algo and the env "
             "(configs/{algo}_pendulum.yaml for Pendulum-v1, configs/{algo}_mujoco.yaml for "
@@ -449,7 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for name, f in FIELDS.items():
         kind = _TYPES[name]
-        help_text = f"{f.metadata['help']} (default: {_show(field_default(f))})"
+        help_text = f"{f.metadata['help']} ({_default_text(name, shown)})"
         flags = [_flag(name), "--env"] if name == "env_id" else [_flag(name)]
         if kind is bool:
             parser.add_argument(*flags, action=argparse.BooleanOptionalAction, help=help_text)
@@ -475,6 +480,90 @@ def build_parser() -> argparse.ArgumentParser:
             metavar = {"env_id": "ID", "actor": "SPEC", "critic": "SPEC"}.get(name, metavar)
             parser.add_argument(*flags, type=scalar, metavar=metavar, help=help_text)
     return parser
+
+
+@dataclasses.dataclass(frozen=True)
+class ShownDefaults:
+    """What --help gives as the defaults: the values of the YAML file that will apply (named
+    by ``source``) over the built-in ones, and a note on where they come from."""
+
+    values: Mapping[str, Any]
+    source: str | None
+    note: str
+
+
+class _PeekFailed(Exception):
+    pass
+
+
+class _PeekParser(argparse.ArgumentParser):
+    """Raises instead of exiting: a bad command line is the full parser's to report."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise _PeekFailed(message)
+
+
+def help_defaults(argv: Sequence[str] | None) -> ShownDefaults | None:
+    """With --help, the defaults that apply for the --env, --algo and --config given beside
+    it (argparse prints the help while parsing, so they are peeked at first); None without
+    --help, so that parsing a command line reads no file."""
+    seen = _peek(argv)
+    if seen is None or not seen.help:
+        return None
+    if seen.resume is not None:
+        return ShownDefaults({}, None, "Built-in defaults shown; with --resume the run's "
+                             "saved config replaces them.")
+    if seen.config is not None:  # it may set env_id and algo itself
+        return _file_defaults(Path(seen.config), seen.config, "", keep_choice=True)
+    env_id, algo = seen.env_id or FIELDS["env_id"].default, seen.algo or FIELDS["algo"].default
+    problem = _value_problem("algo", algo)
+    if problem:
+        return ShownDefaults({}, None, f"Built-in defaults shown: --algo {problem}.")
+    path = default_config_file(env_id, algo)
+    if path is None:
+        return ShownDefaults({}, None, f"Built-in defaults shown: no shipped YAML for --env "
+                             f"{env_id} --algo {algo}.")
+    # The shipped file's env_id and algo are those that picked it: not defaults to show.
+    return _file_defaults(path, f"configs/{path.name}", f" for --env {env_id} --algo {algo}",
+                          keep_choice=False)
+
+
+def _peek(argv: Sequence[str] | None) -> argparse.Namespace | None:
+    """--help, --env, --algo, --config and --resume from argv, the rest ignored; None when
+    the command line is wrong (the full parser then reports it, before any help)."""
+    peek = _PeekParser(add_help=False)
+    peek.add_argument("-h", "--help", action="store_true")
+    for name in ("env_id", "algo", "config", "resume"):
+        peek.add_argument(*([_flag(name), "--env"] if name == "env_id" else [_flag(name)]),
+                          dest=name)
+    try:
+        return peek.parse_known_args(argv)[0]
+    except _PeekFailed:
+        return None
+
+
+def _file_defaults(path: Path | Traversable, source: str, which: str, *, keep_choice: bool
+                   ) -> ShownDefaults:
+    """The file's values as the defaults to show; a file that cannot be read: the built-in
+    ones, and why (the run itself would stop with that line)."""
+    try:
+        values = read_config_file(path)
+    except ConfigError as err:
+        return ShownDefaults({}, None, f"Built-in defaults shown: {err}.")
+    if not keep_choice:
+        values = {k: v for k, v in values.items() if k not in ("env_id", "algo")}
+    return ShownDefaults(values, source, f"Defaults shown{which}: {source} over the built-in "
+                         "values.")
+
+
+def _default_text(name: str, shown: ShownDefaults | None) -> str:
+    """``default: 1000, from configs/sac_pendulum.yaml; without it: 5000`` where the file
+    changes the built-in default, else ``default: 5000`` (argparse breaks lines at hyphens,
+    hence no "built-in" here)."""
+    built_in = _show(field_default(FIELDS[name]))
+    if shown is None or name not in shown.values or _show(shown.values[name]) == built_in:
+        return f"default: {built_in}"
+    return f"default: {_show(shown.values[name])}, from {shown.source}; without it: {built_in}"
 
 
 def _show(default: Any) -> str:
@@ -507,7 +596,7 @@ def _parse_kwargs_flag(name: str, text: str) -> dict[str, Any]:
 
 def command_line_values(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """The flags given on the command line (and ``config``), typed; defaults left out."""
-    given = vars(build_parser().parse_args(argv))
+    given = vars(build_parser(help_defaults(argv)).parse_args(argv))
     if "hidden_sizes" in given:
         given["hidden_sizes"] = tuple(given["hidden_sizes"])
     for name in _KWARGS:

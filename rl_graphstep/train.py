@@ -25,7 +25,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from rl_graphstep.acting import ActionPipe
 from rl_graphstep.algorithms import ALGORITHMS, ActorCritic
@@ -45,6 +44,7 @@ from rl_graphstep.config import (
     load_config,
     to_markdown_table,
 )
+from rl_graphstep.console import ProgressDisplay, done_line
 from rl_graphstep.envs import (
     EnvStepper,
     EpisodeStatistics,
@@ -306,8 +306,9 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
         # Made here, not earlier, so that bad input leaves no empty folder behind; a run
         # started in the same second (the name's resolution) gets a folder of its own.
         run_dir = claim_run_dir(run_dir)
-    bar = tqdm(total=cfg.total_timesteps, initial=progress.global_step,
-               disable=not cfg.progress, unit="step", dynamic_ncols=True)
+    # A tqdm bar on a terminal, a periodic line in a file or a pipe (see ProgressDisplay).
+    bar = ProgressDisplay(cfg.total_timesteps, progress.global_step, enabled=cfg.progress,
+                          learning_starts=cfg.learning_starts)
     with Logger(run_dir, to_markdown_table(cfg), purge_step=purge_step) as logger, bar, \
             stop_requests() as stops, contextlib.closing(envs):
         bar.write(f"{run_dir}: {cfg.algo.upper()} on {cfg.env_id}, {device}; "
@@ -356,6 +357,7 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
                           f"{clock.build_seconds:.1f} s"
                           + (f" ({compile_note})" if compile_note else ""))
                 clock.start_learning(progress.global_step)
+                bar.start_learning(progress.global_step)
                 acting = request_action()
             if updating and not stepper.asynchronous:
                 update()
@@ -519,8 +521,8 @@ def _restore(state: dict[str, Any], agent: ActorCritic, buffer: ReplayBuffer,
     return envs, observations
 
 
-def _log(logger: Logger, agent: ActorCritic, cfg: Config, progress: Progress, bar: tqdm,
-         sps: float) -> None:
+def _log(logger: Logger, agent: ActorCritic, cfg: Config, progress: Progress,
+         bar: ProgressDisplay, sps: float) -> None:
     """Write the interval's means; stop a run that only produces non-finite updates."""
     step = progress.global_step
     logger.write(step)
@@ -533,8 +535,7 @@ def _log(logger: Logger, agent: ActorCritic, cfg: Config, progress: Progress, ba
             f"--nonfinite-limit {cfg.nonfinite_limit}); stopped at step {step} with the "
             f"parameters of the last finite update and the checkpoints saved so far; check the "
             f"rewards and observations the environment returns, or lower the learning rates")
-    if progress.recent_returns:
-        bar.set_postfix(ret=f"{np.mean(progress.recent_returns):.1f}", sps=f"{sps:.0f}")
+    bar.report(step, progress.recent_returns)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -556,10 +557,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # before the loop took over Ctrl-C: nothing to save yet
         print("stopped: interrupted during start-up", file=sys.stderr)
         return 130
-    ret = summary["mean_return_last_10"]
-    print(f"done: {summary['global_step']} steps, {summary['episodes']} episodes, "
-          f"mean return of the last 10: {'n/a' if ret is None else f'{ret:.1f}'}, "
-          f"{summary['sps']:.0f} steps/s; logs in {summary['run_dir']}")
+    print(done_line(summary))
     return 0
 
 

@@ -133,6 +133,65 @@ def test_help_lists_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert "(default: 256)" in out
 
 
+def help_text(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """--help's output with argparse's line wrapping undone."""
+    with pytest.raises(SystemExit) as info:
+        load_config(argv)
+    assert info.value.code == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    return " ".join(out.split())
+
+
+def test_help_shows_the_defaults_of_the_env_yaml(capsys: pytest.CaptureFixture[str]) -> None:
+    out = help_text(["--env", "Pendulum-v1", "--help"], capsys)
+    assert ("Defaults shown for --env Pendulum-v1 --algo sac: configs/sac_pendulum.yaml over "
+            "the built-in values.") in out
+    assert ("random actions before learning (default: 1000, from configs/sac_pendulum.yaml; "
+            "without it: 5000)") in out
+    assert ("environment steps of the whole run (default: 15000, from "
+            "configs/sac_pendulum.yaml; without it: 1000000)") in out
+    assert "rows per gradient update (default: 256)" in out  # the same in both
+    assert "algorithm, one of sac, td3, ddpg (default: sac)" in out
+    out = help_text(["--help", "--algo", "td3", "--env", "HalfCheetah-v5"], capsys)
+    assert "(default: 25000, from configs/td3_mujoco.yaml; without it: 5000)" in out
+
+
+def test_help_shows_the_config_file_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)  # a short path: argparse would wrap a long one at its hyphens
+    path = Path(write(tmp_path, "env_id: HalfCheetah-v5\nlearning_starts: 777\n")).name
+    out = help_text(["--config", path, "-h"], capsys)
+    assert f"Defaults shown: {path} over the built-in values." in out
+    assert f"(default: HalfCheetah-v5, from {path}; without it: Pendulum-v1)" in out
+    assert f"(default: 777, from {path}; without it: 5000)" in out
+
+
+@pytest.mark.parametrize(("argv", "note"), [
+    (["--config", "nope/missing.yaml"],
+     "Built-in defaults shown: config file 'nope/missing.yaml' does not exist."),
+    (["--env", "CartPole-v1"],
+     "Built-in defaults shown: no shipped YAML for --env CartPole-v1 --algo sac."),
+    (["--algo", "ppo"],
+     "Built-in defaults shown: --algo must be one of sac, td3, ddpg, got 'ppo'."),
+    (["--resume", "runs/x"],
+     "Built-in defaults shown; with --resume the run's saved config replaces them."),
+])
+def test_help_without_a_file_to_show_says_why(argv: list[str], note: str,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    out = help_text([*argv, "--help"], capsys)
+    assert note in out
+    assert "random actions before learning (default: 5000)" in out
+
+
+def test_a_bad_command_line_with_help_is_the_parser_error(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        load_config(["--env", "--help"])
+    assert info.value.code == 2
+    assert "argument --env-id/--env: expected one argument" in capsys.readouterr().err
+
+
 def test_missing_file() -> None:
     one_line_error(
         ["--config", "nope/missing.yaml"], "config file 'nope/missing.yaml' does not exist"

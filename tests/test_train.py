@@ -281,3 +281,47 @@ def test_the_action_stream_needs_a_policy_that_takes_host_noise() -> None:
     assert _acts_beside(agent, Config(action_stream="auto")) is True
     assert _acts_beside(agent, Config(action_stream="on")) is True
     assert _acts_beside(agent, Config(action_stream="off")) is False
+
+# Shorter still, for tests of what a run prints: one 200-step episode, learning from step 80.
+TINY = [*SHORT, "--total-timesteps", "200", "--learning-starts", "80", "--batch-size", "16",
+        "--hidden-sizes", "8", "8", "--log-interval", "50"]
+
+
+def test_without_a_terminal_the_run_prints_progress_lines(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Captured output is no terminal: no bar (no carriage returns), a line per log step
+    here (the period set to 0 s), each with the step count; then the final line."""
+    from rl_graphstep import console
+
+    monkeypatch.setattr(console, "LINE_SECONDS", 0.0)
+    progress = [a for a in TINY if a != "--no-progress"]
+    assert main(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), "--run-name", "lines",
+                 *progress]) == 0
+    out, err = capsys.readouterr()
+    assert "\r" not in err and "%|" not in err
+    lines = [line for line in out.splitlines() if line.startswith("step ")]
+    assert [line.split(" | ")[0] for line in lines] == [
+        "step 50/200 (25%)", "step 100/200 (50%)", "step 150/200 (75%)", "step 200/200 (100%)"]
+    assert lines[0].endswith(" | learning not started")  # learning starts at step 80
+    assert all(" steps/s | " in line and " | eta " in line for line in lines[1:])
+    assert " | return " in lines[-1]  # the first episode ended at step 200
+    assert out.splitlines()[-1].startswith("done: 200 steps, 1 episodes")
+
+
+def test_no_progress_prints_the_start_and_final_lines_only(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """And the final line gives the learning phase's rate beside the whole run's."""
+    import re
+
+    assert main(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), "--run-name", "quiet",
+                 *TINY]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert len(lines) == 3 and err == ""
+    assert lines[0].startswith(f"{tmp_path / 'quiet'}: SAC on Pendulum-v1, cpu")
+    assert lines[1].startswith("updates: eager; built in ")
+    assert re.fullmatch(r"done: 200 steps, 1 episodes, mean return of the last 10: -\d+\.\d, "
+                        r"[\d,]+ steps/s \(learning phase [\d,]+ steps/s; updates built in "
+                        rf"\d+\.\d s\); logs in {re.escape(str(tmp_path / 'quiet'))}",
+                        lines[2]), lines[2]

@@ -1,0 +1,124 @@
+"""What a run prints: the bar's rate and ETA on a fake clock, the periodic line without a
+terminal, and the final line."""
+
+from __future__ import annotations
+
+import pytest
+
+from rl_graphstep.console import (
+    ProgressDisplay,
+    RateWindow,
+    done_line,
+    eta_seconds,
+    format_duration,
+    progress_line,
+)
+
+
+class FakeClock:
+    """Seconds that move only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_rate_is_the_recent_one_and_learning_restarts_it() -> None:
+    window = RateWindow(step=0, now=0.0)
+    assert window.read(1000, 0.1) == pytest.approx(10_000)  # the random warm-up
+    window.restart(1000, 30.1)  # 30 s building the updates
+    assert window.read(3600, 31.1) == pytest.approx(2600)
+    assert window.read(6200, 32.1) == pytest.approx(2600)  # not 6200 / 32.1 = 193
+    assert window.read(6200, 32.1) is None  # no time passed
+
+
+def test_the_eta_uses_the_learning_phase_rate() -> None:
+    learning = (30.1, 1000)  # learning started at step 1000, after the build
+    # 2,600 steps/s since then; the recent rate (here a slow interval) does not matter.
+    assert eta_seconds(6200, 50_000, learning, 32.1, recent=100.0,
+                       random_only=False) == pytest.approx(43_800 / 2600)
+    # Before learning, the learning phase's rate is not known: no ETA from the warm-up's.
+    assert eta_seconds(500, 50_000, None, 0.05, recent=10_000.0, random_only=False) is None
+    # A run that never learns goes at its recent rate to the end.
+    assert eta_seconds(500, 1000, None, 0.05, recent=10_000.0, random_only=True) == 0.05
+
+
+def test_the_bar_shows_the_recent_rate_and_the_learning_eta(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    clock = FakeClock()
+    with ProgressDisplay(50_000, 0, enabled=True, learning_starts=1000, terminal=True,
+                         clock=clock) as bar:
+        clock.now = 0.1
+        bar.update(1000)
+        bar.report(1000, [])
+        assert bar.bar.postfix == "sps=10000"  # no ETA during the warm-up
+        clock.now = 30.1
+        bar.start_learning(1000)
+        clock.now = 32.1
+        bar.update(5200)
+        bar.report(6200, [-150.0, -140.0])
+        # The old postfix: sps=193 (the average since the start) and tqdm's ETA at that.
+        assert bar.bar.postfix == "ret=-145.0, sps=2600, eta=17 s"
+        assert "remaining" not in bar.bar.bar_format and "rate" not in bar.bar.bar_format
+    assert "sps=2600, eta=17 s]" in capsys.readouterr().err
+
+
+def test_without_a_terminal_a_line_at_most_every_few_seconds(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    clock = FakeClock()
+    with ProgressDisplay(50_000, 0, enabled=True, learning_starts=1000, terminal=False,
+                         clock=clock) as bar:
+        clock.now = 0.1
+        bar.report(1000, [])  # too soon after the start
+        clock.now = 30.1
+        bar.start_learning(1000)
+        for step in range(2000, 50_001, 1000):  # 2,000 steps/s: a log step every 0.5 s
+            clock.now += 0.5
+            bar.update(1000)
+            bar.report(step, [-200.0])
+    # The first line 30.5 s after the start, the next ones 10 s apart; the rate since the
+    # previous line (the first: since learning started, not since the start).
+    assert capsys.readouterr().out.splitlines() == [
+        "step 2000/50000 (4%) | 2,000 steps/s | return -200.0 | eta 24 s",
+        "step 22000/50000 (44%) | 2,000 steps/s | return -200.0 | eta 14 s",
+        "step 42000/50000 (84%) | 2,000 steps/s | return -200.0 | eta 4 s",
+    ]
+
+
+def test_a_line_in_the_warm_up_says_learning_has_not_started() -> None:
+    assert progress_line(3000, 50_000, 9800.0, None, None, learning=False) == (
+        "step 3000/50000 (6%) | 9,800 steps/s | learning not started")
+
+
+def test_disabled_prints_nothing_but_what_it_is_given(capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    clock = FakeClock()
+    with ProgressDisplay(100, 0, enabled=False, learning_starts=10, terminal=False,
+                         clock=clock) as bar:
+        bar.write("start")
+        clock.now = 100.0
+        bar.update(100)
+        bar.report(100, [1.0])
+    out, err = capsys.readouterr()
+    assert (out, err) == ("start\n", "")
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(0.4, "0 s"), (14.4, "14 s"), (200, "3 min 20 s"),
+                                               (7500, "2 h 05 min")])
+def test_durations_read_short(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+
+
+def test_the_final_line_gives_both_rates() -> None:
+    summary = {"global_step": 25_000, "episodes": 25, "mean_return_last_10": 1234.56,
+               "sps": 510.2, "learning_sps": 2604.7, "build_seconds": 38.04,
+               "run_dir": "runs/x"}
+    assert done_line(summary) == (
+        "done: 25000 steps, 25 episodes, mean return of the last 10: 1234.6, 510 steps/s "
+        "(learning phase 2,605 steps/s; updates built in 38.0 s); logs in runs/x")
+    # A run that never learned: no learning phase to give.
+    summary.update(learning_sps=None, mean_return_last_10=None)
+    assert done_line(summary) == ("done: 25000 steps, 25 episodes, mean return of the last "
+                                  "10: n/a, 510 steps/s; logs in runs/x")
