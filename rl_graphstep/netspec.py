@@ -124,8 +124,11 @@ def record_networks(cfg: Config, run_dir: Path, actor: NetworkSpec | None, actor
         spec, origin = _spec_to_record(given, role)
         if isinstance(given, nn.Module):
             _warn_if_not_rebuildable(given, spec, role, observation_space, action_space)
-            _warn_if_trained_before(given, role)
+            # Resumed, its weights are the checkpoint's, whatever it held before.
+            _warn_if_trained_before(given, role, warn=not cfg.resume)
         specs[role] = _with_copy(spec, run_dir)
+        if _in_folder(spec.rpartition(":")[0], run_dir):  # the run's own copy, resumed
+            origin = specs[role].rpartition(":")[0]
         words.append(f"{role} {type(network).__name__} ({origin})")
     return dataclasses.replace(cfg, **specs), ", ".join(words)
 
@@ -202,9 +205,14 @@ def _with_copy(spec: str, run_dir: Path) -> str:
         return spec
     source = Path(location)
     run = run_dir.resolve()
-    if not source.is_relative_to(run):
+    if not _in_folder(location, run_dir):
         source = _copy_source(source, run / NETWORKS_DIR)
     return f"{source.relative_to(run).as_posix()}:{class_name}"
+
+
+def _in_folder(location: str, folder: Path) -> bool:
+    """Whether the file ``location`` (absolute, or a module name: never) lies in ``folder``."""
+    return _is_file_path(location) and Path(location).is_relative_to(folder.resolve())
 
 
 def _copy_source(source: Path, folder: Path) -> Path:
@@ -246,10 +254,10 @@ def _warn_if_not_rebuildable(network: nn.Module, spec: str, role: str,
             stacklevel=5)
 
 
-def _warn_if_trained_before(network: nn.Module, role: str) -> None:
+def _warn_if_trained_before(network: nn.Module, role: str, *, warn: bool) -> None:
     """A built module is trained in place: passed to a second run it starts from the first
     run's weights, whatever the seed. Say so, since two such calls look identical."""
-    if network in _trained_modules:
+    if warn and network in _trained_modules:
         warnings.warn(
             f"{role}: this {type(network).__name__} was trained in place by an earlier train() "
             f"call and starts from those weights; build a fresh one (after torch.manual_seed) "

@@ -142,10 +142,8 @@ def _import_from_here(module_name: str) -> Any:
 def _module_from_file(spec: str, location: str) -> Any:
     path = Path(location).expanduser()
     if not path.is_file():
-        raise ConfigError(
-            f"file {location!r} for {spec!r} does not exist "
-            f"(relative paths are taken from {os.getcwd()})"
-        )
+        relative = "" if path.is_absolute() else f" (relative paths are taken from {os.getcwd()})"
+        raise ConfigError(f"file {location!r} for {spec!r} does not exist{relative}")
     # Absolute, so tracebacks and inspect still find the source after a chdir.
     path = path.resolve()
     stem = re.sub(r"\W", "_", path.stem)

@@ -301,10 +301,13 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
         observations, _ = envs.reset(seed=cfg.seed)
 
     actions_pipe: ActionPipe | None = None  # built with the steps, at the first update
-    # A resumed, trained policy acts at once, eagerly, until its buffer refills one batch
-    # and the steps (and actions_pipe) are built; nothing is captured for it.
+    # A trained policy resumed without a batch in its buffer acts at once, eagerly, until the
+    # buffer refills one and the steps (and actions_pipe) are built; nothing is captured for
+    # it. With a batch saved, the steps are built at once and the run continues exactly.
     early_pipe = (ActionPipe(agent.explore, cfg.num_envs, observation_size, action_space,
-                             device) if resumed is not None and agent.updates > 0 else None)
+                             device)
+                  if resumed is not None and agent.updates > 0 and len(buffer) < cfg.batch_size
+                  else None)
     requested: ActionPipe | None = None  # the pipe asked for this step's action
     stepper = EnvStepper(envs)
     clock = LoopClock(progress.global_step)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
@@ -176,7 +177,9 @@ def test_a_file_network_resumes_and_evaluates_from_anywhere_as_trained(
     assert load_checkpoint(moved)["config"]["critic"] == "networks/nets.py:SmallCritic"
     assert sorted(p.name for p in (moved / "networks").iterdir()) == ["nets.py"]
     assert evaluate_main([str(moved), "--episodes", "1", "--device", "cpu"]) == 0
-    assert "step 300: mean return" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "; critic SmallCritic (networks/nets.py); resumed at step 200" in out
+    assert "step 300: mean return" in out
 
 
 def test_an_edited_file_given_to_a_resumed_run_is_kept_beside_the_first_copy(
@@ -191,6 +194,23 @@ def test_an_edited_file_given_to_a_resumed_run_is_kept_beside_the_first_copy(
     assert spec.startswith("networks/nets_") and spec.endswith(".py:SmallCritic")
     assert Path("runs/r/networks/nets.py").read_text() == SMALL_CRITIC.format(width="(16,)")
     assert Path("runs/r", spec.rpartition(":")[0]).read_text().endswith("# edited\n")
+
+
+def test_a_checkpoint_from_before_the_copies_resumes_from_its_folder_and_gets_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Older runs recorded the file spec as given, relative to the folder they started in."""
+    monkeypatch.chdir(tmp_path)
+    Path("nets.py").write_text(SMALL_CRITIC.format(width="(16,)"))
+    train(load_config([*SMALL, "--log-dir", "runs", "--run-name", "old", "--critic",
+                       "nets.py:SmallCritic", "--total-timesteps", "50"]))
+    checkpoint = next(Path("runs/old/checkpoints").iterdir())
+    state = torch.load(checkpoint, weights_only=False)
+    state["config"]["critic"] = "nets.py:SmallCritic"
+    torch.save(state, checkpoint)
+    shutil.rmtree("runs/old/networks")
+    assert main(["--resume", "runs/old", "--total-timesteps", "60"]) == 0
+    assert load_checkpoint("runs/old")["config"]["critic"] == "networks/nets.py:SmallCritic"
+    assert Path("runs/old/networks/nets.py").is_file()
 
 
 def test_a_file_network_that_is_gone_is_named_with_its_place_in_the_run(
@@ -284,6 +304,12 @@ def test_one_built_module_given_twice_says_it_starts_trained(tmp_path: Path) -> 
                       r"place by an earlier train\(\) call and starts from those weights"):
         train(load_config(small(tmp_path, "twice", "--algo", "td3", "--total-timesteps", "40")),
               actor=actor)
+    # Resumed, it holds the checkpoint's weights: nothing to say.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(load_config(small(tmp_path, "twice", "--algo", "td3", "--total-timesteps", "60",
+                                "--resume", str(tmp_path / "runs" / "twice"))), actor=actor)
+    assert not [w for w in caught if "trained in place" in str(w.message)]
 
 
 def test_a_built_module_that_its_class_cannot_rebuild(
