@@ -117,7 +117,7 @@ def record_networks(cfg: Config, run_dir: Path, actor: NetworkSpec | None, actor
     """
     specs: dict[str, str | None] = {}
     words = []
-    for role, given, network in ((("actor", actor, actor_net), ("critic", critic, critic_net))):
+    for role, given, network in (("actor", actor, actor_net), ("critic", critic, critic_net)):
         if given is None:
             specs[role] = None
             continue
