@@ -257,8 +257,9 @@ def check_actor(
     float32, finite and in [-1, 1]; every parameter and buffer must be on `device`. On CUDA
     the forward runs under `torch.cuda.set_sync_debug_mode("error")`, so a host sync is
     caught here. No random numbers of the run are consumed. `deterministic_action`, where
-    the actor has one, is checked the same way; a stochastic actor without one gets a
-    warning, since evaluation then takes its sampled action.
+    the actor has one, is checked the same way (host syncs aside: evaluation runs it
+    eagerly); a stochastic actor without one gets a warning, since evaluation then takes its
+    sampled action.
 
     Raises:
         ConfigError: one line naming the class and what is wrong.
@@ -310,8 +311,9 @@ def _check_deterministic_action(actor: nn.Module, kind: ActorKind, observations:
                           "stochastic forward action", stacklevel=4)
         return
     with _forked_rng(device):
+        # Evaluation runs it eagerly, never in a graph: a host sync there is allowed.
         action = _run_forward(actor, (observations,), name, device,
-                              method="deterministic_action")
+                              method="deterministic_action", in_graph=False)
     _check_tensor(name, action, "", expected, device, method="deterministic_action")
     _check_action_range(name, action, method="deterministic_action")
 
@@ -400,10 +402,11 @@ def _forked_rng(device: torch.device) -> Iterator[None]:
 
 
 def _run_forward(module: nn.Module, inputs: tuple[Tensor, ...], name: str,
-                 device: torch.device, method: str = "forward") -> Any:
+                 device: torch.device, method: str = "forward", in_graph: bool = True) -> Any:
     """`module(*inputs)` (or `module.<method>(*inputs)`), on CUDA with host syncs turned into
-    errors; any error becomes one ConfigError line naming the class and the user's line."""
-    on_cuda = device.type == "cuda"
+    errors where it will run inside a graph (`in_graph`); any error becomes one ConfigError
+    line naming the class and the user's line."""
+    on_cuda = device.type == "cuda" and in_graph
     previous = torch.cuda.get_sync_debug_mode() if on_cuda else 0
     try:
         if on_cuda:
