@@ -8,6 +8,7 @@ A checkpoint is one ``torch.save``d dict (``FORMAT`` 1), written by ``rl_graphst
     {
         "format": 1,
         "config": config_to_dict(cfg),        # plain values; config_from_dict rebuilds the Config
+                                              # (custom networks by spec: rl_graphstep.netspec)
         "run_name": str,
         "global_step": int,                   # environment steps taken, over all envs
         "episodes": int,                      # episodes finished

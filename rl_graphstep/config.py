@@ -232,7 +232,10 @@ def _spec_problem(value: str) -> str | None:
     where, colon, name = value.rpartition(":")
     if not colon:
         return f"must be {_SPEC_FORMS}, got {value!r} (no ':')"
-    if not where.strip() or not name.isidentifier():
+    # A dotted name is a class's __qualname__ (Outer.Inner), as runs record classes passed
+    # from Python; "<locals>" ones are refused with their reason when loaded.
+    parts = name.split(".")
+    if not where.strip() or not all(p.isidentifier() or p == "<locals>" for p in parts):
         return f"must be {_SPEC_FORMS}, got {value!r}"
     return None
 

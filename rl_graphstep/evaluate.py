@@ -28,6 +28,8 @@ from rl_graphstep.errors import (
     RLGraphstepError,
     display_path,
 )
+from rl_graphstep.netspec import run_relative
+from rl_graphstep.plugins import NetworkSpec, evaluation_action
 from rl_graphstep.train import make_networks, resolve_device
 
 __all__ = ["EvaluationResult", "evaluate", "main"]
@@ -47,7 +49,8 @@ class EvaluationResult(NamedTuple):
 
 
 def evaluate(run_dir: Path | str, episodes: int = 10, seed: int = 0, device: str = "auto",
-             video: bool = False, *, verbose: bool = True) -> EvaluationResult:
+             video: bool = False, *, verbose: bool = True, actor: NetworkSpec | None = None,
+             critic: NetworkSpec | None = None) -> EvaluationResult:
     """Run ``episodes`` episodes of the latest checkpoint's policy, acting deterministically.
 
     Episode ``i`` starts from ``env.reset(seed=seed + i)``, so two evaluations with one seed
@@ -61,7 +64,12 @@ def evaluate(run_dir: Path | str, episodes: int = 10, seed: int = 0, device: str
         video: record every episode into ``<run_dir>/videos/`` (needs moviepy and an env
             with ``rgb_array`` rendering).
         verbose: print the one-line summary
-            (``Pendulum-v1, sac, step 15000: mean return -150.2 ± 12.3 over 10 episodes``).
+            (``Pendulum-v1, sac, step 15000: mean return -150.2 ± 12.3 over 10 episodes``),
+            which ends in ``(stochastic actions: ...)`` for a SAC actor without
+            ``deterministic_action``.
+        actor, critic: the classes (or specs) to build instead of those the run recorded,
+            for a run trained with a class that cannot be imported again (one defined inside
+            a function or in an interactive session); the weights are the checkpoint's.
 
     Raises:
         RLGraphstepError: one line for a missing or broken checkpoint, a bad argument, an env
@@ -74,6 +82,10 @@ def evaluate(run_dir: Path | str, episodes: int = 10, seed: int = 0, device: str
     checkpoint = find_checkpoint(run_dir)
     state = load_checkpoint(checkpoint)
     cfg = config_from_dict(state["config"], source=f"checkpoint {display_path(str(checkpoint))}")
+    # File networks are recorded relative to the run folder, where the run keeps their copies.
+    folder = _run_folder(checkpoint)
+    cfg = dataclasses.replace(cfg, actor=run_relative(cfg.actor, folder),
+                              critic=run_relative(cfg.critic, folder))
     # Config checks the device choice, so a bad --device reads like train's.
     torch_device = resolve_device(dataclasses.replace(cfg, device=device))
     if video:
@@ -84,10 +96,10 @@ def evaluate(run_dir: Path | str, episodes: int = 10, seed: int = 0, device: str
     try:
         check_continuous_spaces(cfg.env_id, env.observation_space, env.action_space, cfg.algo)
         algorithm = ALGORITHMS[cfg.algo]
-        actor = _load_actor(algorithm, cfg, state, env, torch_device, checkpoint)
+        policy = _load_actor(algorithm, cfg, state, env, torch_device, checkpoint, actor, critic)
         if video:
-            env = _record_video(env, cfg, _run_folder(checkpoint), int(state["global_step"]))
-        returns = [_run_episode(env, actor, algorithm, torch_device, seed + i)
+            env = _record_video(env, cfg, folder, int(state["global_step"]))
+        returns = [_run_episode(env, policy, algorithm, torch_device, seed + i)
                    for i in range(episodes)]
     except gym_error.DependencyNotInstalled as error:
         if not video:
@@ -102,8 +114,16 @@ def evaluate(run_dir: Path | str, episodes: int = 10, seed: int = 0, device: str
     if verbose:
         print(f"{cfg.env_id}, {cfg.algo}, step {state['global_step']}: mean return "
               f"{result.mean:.1f} ± {result.std:.1f} over {episodes} "
-              f"episode{'s' if episodes > 1 else ''}")
+              f"episode{'s' if episodes > 1 else ''}{_stochastic_note(policy, algorithm)}")
     return result
+
+
+def _stochastic_note(actor: nn.Module, algorithm: type[ActorCritic]) -> str:
+    """What the summary adds when the returns are not of deterministic actions."""
+    if algorithm.actor_kind == "stochastic" and not callable(
+            getattr(actor, "deterministic_action", None)):
+        return f" (stochastic actions: {type(actor).__name__} has no deterministic_action)"
+    return ""
 
 
 def _make_env(env_id: str, seed: int, *, render: bool) -> gym.Env:
@@ -124,13 +144,16 @@ def _make_env(env_id: str, seed: int, *, render: bool) -> gym.Env:
 
 
 def _load_actor(algorithm: type[ActorCritic], cfg: Config, state: dict, env: gym.Env,
-                device: torch.device, checkpoint: Path) -> nn.Module:
-    """The run's actor, built from its config as train built it, with the saved weights."""
+                device: torch.device, checkpoint: Path, actor: NetworkSpec | None = None,
+                critic: NetworkSpec | None = None) -> nn.Module:
+    """The run's actor, built from its config as train built it (or from ``actor`` /
+    ``critic`` where given), with the saved weights."""
     shown = display_path(str(checkpoint))
     weights = state["agent"].get("actor")
     if weights is None:
         raise CheckpointError(f"checkpoint {shown} has no actor weights (agent['actor'])")
-    actor, _ = make_networks(algorithm, cfg, env.observation_space, env.action_space, device)
+    actor, _ = make_networks(algorithm, cfg, env.observation_space, env.action_space, device,
+                             actor, critic)
     try:
         actor.load_state_dict(weights)
     except (RuntimeError, TypeError, KeyError, AttributeError) as error:
@@ -164,14 +187,9 @@ def _record_video(env: gym.Env, cfg: Config, run_dir: Path, step: int) -> gym.En
 
 def _act(actor: nn.Module, algorithm: type[ActorCritic], observations: torch.Tensor
          ) -> torch.Tensor:
-    """The policy's deterministic action in [-1, 1]: its own ``deterministic_action`` when it
-    has one, else the output of a deterministic actor, else a stochastic actor's first output
-    (a custom actor without ``deterministic_action`` gives a sample there)."""
-    if hasattr(actor, "deterministic_action"):
-        return actor.deterministic_action(observations)
-    if algorithm.actor_kind == "deterministic":
-        return actor(observations)
-    return actor(observations)[0]
+    """The policy's deterministic action in [-1, 1] (see ``evaluation_action``; a SAC actor
+    without ``deterministic_action`` gives a sample, and the summary says so)."""
+    return evaluation_action(actor, algorithm.actor_kind, observations)
 
 
 @torch.no_grad()

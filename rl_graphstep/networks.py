@@ -4,7 +4,9 @@ A custom network plugs in if it meets `SACActor` / `Critic` below and runs insid
 
 - actor: `actor(observations) -> (actions, log_probs)` with actions (B, A) in [-1, 1] (the env
   wrapper scales them onto the action bounds) and log_probs (B,), reparameterised so gradients
-  flow through the sample; `actor.deterministic_action(observations) -> (B, A)` for evaluation;
+  flow through the sample; `actor.deterministic_action(observations) -> (B, A)` for evaluation
+  (checked at start-up like forward; an actor without it trains, with a warning that
+  evaluation then takes its sampled action; a TD3/DDPG actor's forward is its own);
   optionally `actor.sample(observations, noise=None) -> (B, A)`, the draw of
   `actor(observations)[0]` without the log-probability, which SAC then uses to act; given
   `noise` (B, A), a standard normal draw, it uses that instead of drawing on the device, so

@@ -31,6 +31,7 @@ __all__ = [
     "check_actor",
     "check_critic",
     "describe_host_sync",
+    "evaluation_action",
     "load_class",
 ]
 
@@ -71,12 +72,16 @@ def load_class(spec: str) -> type:
     location, sep, class_name = spec.rpartition(":")
     if not sep or not location or not class_name:
         raise ConfigError(f"network spec {spec!r} must be {_SPEC_FORMS}")
+    _refuse_unfindable(spec, location, class_name)
     if _is_file_path(location):
         module = _module_from_file(spec, location)
     else:
         module = _import_module(spec, location)
 
-    cls = getattr(module, class_name, None)
+    # A dotted name is a nested class (Outer.Inner), as a class's __qualname__ spells it.
+    cls = module
+    for part in class_name.split("."):
+        cls = getattr(cls, part, None)
     if cls is None:
         raise ConfigError(
             f"{location} has no class {class_name!r}; it defines {_classes_defined(module)}"
@@ -86,6 +91,19 @@ def load_class(spec: str) -> type:
     if not issubclass(cls, nn.Module):
         raise ConfigError(f"{spec} is not a torch.nn.Module subclass")
     return cls
+
+
+def _refuse_unfindable(spec: str, location: str, class_name: str) -> None:
+    """The specs a run records for a class passed from Python that nothing can import again
+    (see ``rl_graphstep.netspec``): one line saying why, instead of a failed lookup."""
+    again = ("pass the class itself again (to train with cfg.resume, or to evaluate), or "
+             "move it into a module or file and give that spec")
+    if "<locals>" in class_name:
+        raise ConfigError(f"{spec!r} is a class defined inside a function, which cannot be "
+                          f"imported again; {again}")
+    if location == "__main__":
+        raise ConfigError(f"{spec!r} is a class of an interactive session or `python -c` (a "
+                          f"__main__ without a file), which cannot be imported again; {again}")
 
 
 def _is_file_path(location: str) -> bool:
@@ -125,10 +143,8 @@ def _import_from_here(module_name: str) -> Any:
 def _module_from_file(spec: str, location: str) -> Any:
     path = Path(location).expanduser()
     if not path.is_file():
-        raise ConfigError(
-            f"file {location!r} for {spec!r} does not exist "
-            f"(relative paths are taken from {os.getcwd()})"
-        )
+        relative = "" if path.is_absolute() else f" (relative paths are taken from {os.getcwd()})"
+        raise ConfigError(f"file {location!r} for {spec!r} does not exist{relative}")
     # Absolute, so tracebacks and inspect still find the source after a chdir.
     path = path.resolve()
     stem = re.sub(r"\W", "_", path.stem)
@@ -241,7 +257,10 @@ def check_actor(
     `kind="deterministic"` (TD3, DDPG): forward returns `action (B, A)`. Actions must be
     float32, finite and in [-1, 1]; every parameter and buffer must be on `device`. On CUDA
     the forward runs under `torch.cuda.set_sync_debug_mode("error")`, so a host sync is
-    caught here. No random numbers of the run are consumed.
+    caught here. No random numbers of the run are consumed. `deterministic_action`, where
+    the actor has one, is checked the same way (host syncs aside: evaluation runs it
+    eagerly); a stochastic actor without one gets a warning, since evaluation then takes its
+    sampled action.
 
     Raises:
         ConfigError: one line naming the class and what is wrong.
@@ -263,6 +282,7 @@ def check_actor(
             )
         _check_tensor(name, output, "", expected, device)
         _check_action_range(name, output)
+        _check_deterministic_action(actor, kind, observations, expected, device)
         return
 
     if isinstance(output, Tensor):
@@ -276,6 +296,38 @@ def check_actor(
     _check_tensor(name, log_probs, "log_prob ", (batch_size,), device,
                   hint=" (sum the log-probabilities over the action dimension, no keepdim)")
     _check_action_range(name, actions)
+    _check_deterministic_action(actor, kind, observations, expected, device)
+
+
+def _check_deterministic_action(actor: nn.Module, kind: ActorKind, observations: Tensor,
+                                expected: tuple[int, ...], device: torch.device) -> None:
+    """Check ``actor.deterministic_action`` on the example batch as ``forward`` is checked; a
+    SAC actor without one trains, but evaluation then takes its sampled action: warn (evaluate
+    builds the actor through the same check, so it repeats the warning). A deterministic
+    (TD3, DDPG) actor's forward is its deterministic action, so it needs none."""
+    name = type(actor).__name__
+    if not callable(getattr(actor, "deterministic_action", None)):
+        if kind == "stochastic":
+            warnings.warn(f"actor {name} has no deterministic_action: evaluation uses its "
+                          "stochastic forward action", stacklevel=4)
+        return
+    with _forked_rng(device):
+        # Evaluation runs it eagerly, never in a graph: a host sync there is allowed.
+        action = _run_forward(actor, (observations,), name, device,
+                              method="deterministic_action", in_graph=False)
+    _check_tensor(name, action, "", expected, device, method="deterministic_action")
+    _check_action_range(name, action, method="deterministic_action")
+
+
+def evaluation_action(actor: nn.Module, kind: ActorKind, observations: Tensor) -> Tensor:
+    """The action to evaluate with, in [-1, 1]: the actor's ``deterministic_action`` where it
+    has one, else a deterministic actor's forward, else a stochastic actor's sampled action
+    (:func:`check_actor` warns about that case)."""
+    if callable(getattr(actor, "deterministic_action", None)):
+        return actor.deterministic_action(observations)
+    if kind == "deterministic":
+        return actor(observations)
+    return actor(observations)[0]
 
 
 def check_critic(
@@ -351,10 +403,11 @@ def _forked_rng(device: torch.device) -> Iterator[None]:
 
 
 def _run_forward(module: nn.Module, inputs: tuple[Tensor, ...], name: str,
-                 device: torch.device) -> Any:
-    """`module(*inputs)`, on CUDA with host syncs turned into errors; any error becomes one
-    ConfigError line naming the class and the user's line."""
-    on_cuda = device.type == "cuda"
+                 device: torch.device, method: str = "forward", in_graph: bool = True) -> Any:
+    """`module(*inputs)` (or `module.<method>(*inputs)`), on CUDA with host syncs turned into
+    errors where it will run inside a graph (`in_graph`); any error becomes one ConfigError
+    line naming the class and the user's line."""
+    on_cuda = device.type == "cuda" and in_graph
     previous = torch.cuda.get_sync_debug_mode() if on_cuda else 0
     try:
         if on_cuda:
@@ -363,16 +416,16 @@ def _run_forward(module: nn.Module, inputs: tuple[Tensor, ...], name: str,
                 # the protocol (a sync it misses is still caught when the step is captured).
                 warnings.filterwarnings("ignore", message=_SYNC_MODE_NOTICE)
                 torch.cuda.set_sync_debug_mode("error")
-        return module(*inputs)
+        return module(*inputs) if method == "forward" else getattr(module, method)(*inputs)
     except ConfigError:
         raise
     except Exception as error:
         if _SYNC_ERROR_TEXT in str(error):
-            raise ConfigError(describe_host_sync(error, name)) from error
+            raise ConfigError(describe_host_sync(error, name, method)) from error
         shapes = ", ".join(str(tuple(t.shape)) for t in inputs)
         where = user_location(error)
         raise ConfigError(
-            f"{name}.forward raised {type(error).__name__}: {_first_line(error)}"
+            f"{name}.{method} raised {type(error).__name__}: {_first_line(error)}"
             f"{f' at {where}' if where else ''} (on a random batch of shape {shapes})"
         ) from error
     finally:
@@ -381,32 +434,34 @@ def _run_forward(module: nn.Module, inputs: tuple[Tensor, ...], name: str,
 
 
 def _check_tensor(name: str, value: Any, what: str, shape: tuple[int, ...],
-                  device: torch.device, hint: str = "", label: str = "") -> None:
+                  device: torch.device, hint: str = "", label: str = "",
+                  method: str = "forward") -> None:
     """`value` is a finite float32 tensor of `shape` on `device`; `what` names it ("action ")
-    in messages, `label` in the non-finite one (default: `what`)."""
+    in messages, `label` in the non-finite one (default: `what`); `method` returned it."""
+    named = f"{name}.{method}"
     if not isinstance(value, Tensor):
-        raise ConfigError(f"{name}.forward returned {what}of type {type(value).__name__}, "
+        raise ConfigError(f"{named} returned {what}of type {type(value).__name__}, "
                           "expected a tensor")
     if tuple(value.shape) != shape:
-        raise ConfigError(f"{name}.forward returned {what}shape {tuple(value.shape)}, "
+        raise ConfigError(f"{named} returned {what}shape {tuple(value.shape)}, "
                           f"expected {shape}{hint}")
     if value.dtype != torch.float32:
-        raise ConfigError(f"{name}.forward returned {what}dtype {value.dtype}, "
+        raise ConfigError(f"{named} returned {what}dtype {value.dtype}, "
                           "expected torch.float32")
     if not _same_device(value.device, device):
-        raise ConfigError(f"{name}.forward returned {what}on {value.device}, expected {device}")
+        raise ConfigError(f"{named} returned {what}on {value.device}, expected {device}")
     bad = int((~torch.isfinite(value)).sum())
     if bad:
         label = label or what.strip() or "output"
-        raise ConfigError(f"{name}.forward returned {bad} non-finite {label} values "
+        raise ConfigError(f"{named} returned {bad} non-finite {label} values "
                           f"(NaN or inf) of {value.numel()} on a random batch")
 
 
-def _check_action_range(name: str, actions: Tensor) -> None:
+def _check_action_range(name: str, actions: Tensor, method: str = "forward") -> None:
     low, high = float(actions.min()), float(actions.max())
     if low < -1.0 or high > 1.0:
         raise ConfigError(
-            f"{name}.forward returned actions in [{low:.6g}, {high:.6g}], expected [-1, 1] "
+            f"{name}.{method} returned actions in [{low:.6g}, {high:.6g}], expected [-1, 1] "
             "(squash with tanh)"
         )
 

@@ -60,6 +60,12 @@ from rl_graphstep.envworker import EnvWorker
 from rl_graphstep.errors import ConfigError, RLGraphstepError
 from rl_graphstep.logger import Logger, claim_run_dir, run_name
 from rl_graphstep.metrics import MetricSums
+from rl_graphstep.netspec import (
+    describe_networks,
+    load_agent_state,
+    networks_of_run,
+    record_networks,
+)
 from rl_graphstep.plugins import build_network, check_actor, check_critic
 
 NetworkSpec = str | type | nn.Module | None
@@ -249,6 +255,12 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
     ``package.module:Class`` / ``path/file.py:Class`` string. ``rl_graphstep.networks``
     documents the protocol they meet. With ``cfg.resume`` the run continues from the latest
     checkpoint in that folder.
+
+    The run records the spec of each custom network in its checkpoints' config, so that
+    ``--resume`` and ``evaluate`` rebuild it (``rl_graphstep.netspec`` says how). A built
+    module keeps the initial weights its caller gave it (a pre-trained one is not reset) and
+    is trained in place; ``cfg.seed`` seeds everything else, so two calls repeat each other
+    when each builds its module after the same ``torch.manual_seed``.
     """
     try:
         device = resolve_device(cfg)
@@ -280,6 +292,8 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     low, high = action_space.low, action_space.high
 
     algorithm = ALGORITHMS[cfg.algo]
+    if resumed is not None:  # its recorded file networks are the copies in its folder
+        actor, critic = networks_of_run(cfg, resumed["config"], run_dir, actor, critic)
     actor_net, critic_net = make_networks(algorithm, cfg, observation_space, action_space,
                                           device, actor, critic)
     buffer = ReplayBuffer(cfg.buffer_size, observation_size, action_size, device)
@@ -298,6 +312,14 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
         observations, _ = envs.reset(seed=cfg.seed)
 
     actions_pipe: ActionPipe | None = None  # built with the steps, at the first update
+    # A trained policy resumed without a batch in its buffer acts at once, eagerly, until the
+    # buffer refills one and the steps (and actions_pipe) are built; nothing is captured for
+    # it. With a batch saved, the steps are built at once and the run continues exactly.
+    early_pipe = (ActionPipe(agent.explore, cfg.num_envs, observation_size, action_space,
+                             device)
+                  if resumed is not None and agent.updates > 0 and len(buffer) < cfg.batch_size
+                  else None)
+    requested: ActionPipe | None = None  # the pipe asked for this step's action
     stepper = EnvStepper(envs)
     clock = LoopClock(progress.global_step)
     # A resumed run drops what the stopped one logged after its checkpoint (step + 1 on).
@@ -306,13 +328,16 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
         # Made here, not earlier, so that bad input leaves no empty folder behind; a run
         # started in the same second (the name's resolution) gets a folder of its own.
         run_dir = claim_run_dir(run_dir)
+    cfg, custom = record_networks(cfg, run_dir, actor or cfg.actor, actor_net,
+                                  critic or cfg.critic, critic_net, observation_space,
+                                  action_space)
     # A tqdm bar on a terminal, a periodic line in a file or a pipe (see ProgressDisplay).
     bar = ProgressDisplay(cfg.total_timesteps, progress.global_step, enabled=cfg.progress,
                           learning_starts=cfg.learning_starts)
     with Logger(run_dir, to_markdown_table(cfg), purge_step=purge_step) as logger, bar, \
             stop_requests() as stops, contextlib.closing(envs):
         bar.write(f"{run_dir}: {cfg.algo.upper()} on {cfg.env_id}, {device}; "
-                  f"{buffer.describe()}"
+                  f"{buffer.describe()}" + describe_networks(custom)
                   + (f"; resumed at step {progress.global_step}" if resumed else "")
                   + (f"; later checkpoints moved to {set_aside}" if set_aside else ""))
 
@@ -334,9 +359,12 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
                 pending = None
 
         def request_action() -> bool:
-            acting = progress.global_step >= cfg.learning_starts and actions_pipe is not None
+            nonlocal requested
+            pipe = actions_pipe or early_pipe
+            acting = progress.global_step >= cfg.learning_starts and pipe is not None
+            requested = pipe if acting else None
             if acting:
-                actions_pipe.request(observations)
+                pipe.request(observations)
             return acting
 
         while progress.global_step < cfg.total_timesteps:
@@ -358,12 +386,14 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
                           + (f" ({compile_note})" if compile_note else ""))
                 clock.start_learning(progress.global_step)
                 bar.start_learning(progress.global_step)
-                acting = request_action()
+                early_pipe = None
+                # A resumed run's early action, already asked for, serves this step.
+                acting = acting or request_action()
             if updating and not stepper.asynchronous:
                 update()
             if acting:
                 with clock.waiting():
-                    actions, env_actions = actions_pipe.wait()
+                    actions, env_actions = requested.wait()
             else:
                 actions = np.random.uniform(-1.0, 1.0, (cfg.num_envs, action_size))
                 env_actions = scale_action(actions, low, high)
@@ -503,7 +533,7 @@ def _restore(state: dict[str, Any], agent: ActorCritic, buffer: ReplayBuffer,
              progress: Progress, envs: gym.vector.VectorEnv
              ) -> tuple[gym.vector.VectorEnv, np.ndarray]:
     """Put a checkpoint back: agent (before any capture), buffer, counters, RNG, envs."""
-    agent.load_state_dict(state["agent"])
+    load_agent_state(agent, state["agent"], f"the checkpoint at step {state['global_step']}")
     if state.get("buffer") is not None:
         buffer.load_state_dict(state["buffer"])
     progress.global_step = int(state["global_step"])

@@ -105,3 +105,12 @@ def test_exploration_takes_the_standard_normal_noise_it_is_given(kind: type[TD3]
 def test_every_algorithm_is_a_config_choice() -> None:
     assert set(ALGORITHMS) == set(CONFIG_ALGORITHMS)
     assert {name: cls.name for name, cls in ALGORITHMS.items()} == {n: n for n in ALGORITHMS}
+
+
+def test_the_deterministic_action_of_an_actor_without_one_is_its_forward() -> None:
+    agent = make(TD3, 2)  # FixedDeterministicActor has no deterministic_action
+    observations = torch.tensor([[0.4, -1.0], [2.0, 0.5]])
+    with torch.no_grad():
+        expected = agent.actor(observations)
+    assert torch.equal(agent.deterministic_action(observations), expected)
+    assert expected.abs().max() > 0

@@ -30,6 +30,7 @@ from rl_graphstep.graphstep import (
 )
 from rl_graphstep.metrics import MetricSums
 from rl_graphstep.networks import EnsembleCritic, StateActionInput
+from rl_graphstep.plugins import evaluation_action
 
 # Fused update graphs are built for schedules that repeat within this many updates; a longer
 # period (unusual frequencies) replays the separate graphs instead.
@@ -482,5 +483,6 @@ class ActorCritic:
 
     @torch.no_grad()
     def deterministic_action(self, observations: Tensor) -> Tensor:
-        """The policy's action without exploration, in [-1, 1] (for evaluation)."""
-        return self.actor.deterministic_action(observations)
+        """The policy's action without exploration, in [-1, 1] (for evaluation); see
+        ``rl_graphstep.plugins.evaluation_action`` for actors without ``deterministic_action``."""
+        return evaluation_action(self.actor, self.actor_kind, observations)
