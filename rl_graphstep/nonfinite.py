@@ -79,6 +79,16 @@ class NonFiniteTally:
             buffer.add(*(c[:n] for c in joined))
             self._held = [tuple(c[n:] for c in joined)] if held > n else []
 
+    def count(self, transitions: tuple[np.ndarray, ...] | None) -> int:
+        """How many of ``transitions`` (as :meth:`store` takes them) :meth:`store` would drop."""
+        if transitions is None:
+            return 0
+        n = len(transitions[2])
+        finite = np.ones(n, dtype=bool)
+        for part in transitions[:4]:
+            finite &= np.isfinite(np.asarray(part).reshape(n, -1)).all(axis=1)
+        return int(n - finite.sum())
+
     def count_episode(self, episodic_return: float) -> bool:
         """Whether an ended episode's return is finite; counts it when it is not."""
         if np.isfinite(episodic_return):

@@ -399,8 +399,8 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
             step = progress.global_step
             done = step >= cfg.total_timesteps
             if step % cfg.log_interval < cfg.num_envs or done or stops:
-                add_pending()  # its count is then in the logged one
-                _log(logger, agent, cfg, progress, bar, clock.sps(step), save)
+                _log(logger, agent, cfg, progress, bar, clock.sps(step), save,
+                     progress.nonfinite.count(pending))
             if step % cfg.checkpoint_every < cfg.num_envs or done or stops:
                 saved = save()
             if stops:
@@ -541,16 +541,18 @@ def _restore(state: dict[str, Any], agent: ActorCritic, buffer: ReplayBuffer,
 
 
 def _log(logger: Logger, agent: ActorCritic, cfg: Config, progress: Progress, bar: tqdm,
-         sps: float, save: Callable[[], Path]) -> None:
+         sps: float, save: Callable[[], Path], unstored: int = 0) -> None:
     """Write the interval's means; stop a run that only produces non-finite updates, after
     ``save`` wrote a checkpoint (skipped updates leave the parameters as they were, so it holds
-    those of the last finite update)."""
+    those of the last finite update). ``unstored``: the non-finite rows of the transition not
+    stored yet (it is stored after the next action is requested), so the count is this step's."""
     step = progress.global_step
     logger.write(step)
     logger.scalar("charts/SPS", sps, step)
     total, consecutive = (int(t) for t in torch.stack(agent.skipped_updates()).tolist())
     logger.scalar("charts/skipped_updates", total + progress.nonfinite.skipped_before(), step)
-    logger.scalar("charts/nonfinite_transitions", progress.nonfinite.transitions, step)
+    logger.scalar("charts/nonfinite_transitions", progress.nonfinite.transitions + unstored,
+                  step)
     if consecutive >= cfg.nonfinite_limit:
         raise NonFiniteUpdates(_nonfinite_stop_message(consecutive, cfg, step, save()))
     if progress.recent_returns:
@@ -601,6 +603,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"rates; logs and checkpoint kept in {summary['run_dir']}", file=sys.stderr)
         return MOSTLY_SKIPPED_EXIT
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())
