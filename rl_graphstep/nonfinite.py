@@ -51,17 +51,17 @@ class NonFiniteTally:
               actions: np.ndarray, rewards: np.ndarray, next_observations: np.ndarray,
               terminations: np.ndarray) -> None:
         """``buffer.add`` the transitions whose observation, action, reward and next
-        observation are all finite; count and drop the others."""
+        observation are all finite; count and drop the others. ``step``: the global step,
+        for the warning."""
         if (not self._held and np.isfinite(rewards).all()
                 and np.isfinite(next_observations).all() and np.isfinite(observations).all()
                 and np.isfinite(actions).all()):
             buffer.add(observations, actions, rewards, next_observations, terminations)
             return
-        parts = (observations, actions, rewards, next_observations)
         n = len(rewards)
         finite = np.ones(n, dtype=bool)
-        for name, part in zip(_PARTS, parts, strict=True):
-            ok = np.isfinite(np.asarray(part).reshape(n, -1)).all(axis=1)
+        for name, ok in zip(_PARTS, _finite_rows(observations, actions, rewards,
+                                                 next_observations), strict=True):
             if not ok.all() and not self.warned:
                 self.warned = True
                 env = int(np.flatnonzero(~ok)[0])
@@ -83,11 +83,8 @@ class NonFiniteTally:
         """How many of ``transitions`` (as :meth:`store` takes them) :meth:`store` would drop."""
         if transitions is None:
             return 0
-        n = len(transitions[2])
-        finite = np.ones(n, dtype=bool)
-        for part in transitions[:4]:
-            finite &= np.isfinite(np.asarray(part).reshape(n, -1)).all(axis=1)
-        return int(n - finite.sum())
+        finite = np.logical_and.reduce(_finite_rows(*transitions[:4]))
+        return int(finite.size - finite.sum())
 
     def count_episode(self, episodic_return: float) -> bool:
         """Whether an ended episode's return is finite; counts it when it is not."""
@@ -127,6 +124,12 @@ class NonFiniteTally:
         self.transitions, self.episodes = int(state["transitions"]), int(state["episodes"])
         self.warned, self._held = bool(state["warned"]), list(state["held"])
         self.before = {kind: (int(s), int(m)) for kind, (s, m) in state["updates"].items()}
+
+
+def _finite_rows(*parts: np.ndarray) -> list[np.ndarray]:
+    """Per part (n rows, or n values), which of its n rows are all finite."""
+    n = len(parts[0])
+    return [np.isfinite(np.asarray(part).reshape(n, -1)).all(axis=1) for part in parts]
 
 
 def update_steps(agent: Any, updates: int) -> dict[str, int]:
