@@ -12,6 +12,8 @@ from typing import Any, TextIO
 import numpy as np
 from tqdm import tqdm
 
+from rl_graphstep.nonfinite import describe_updates
+
 # Without a terminal, one progress line at most this often (at a log step): a 1M-step run at
 # 2,600 steps/s logs every 0.4 s, which would bury the log file in lines.
 LINE_SECONDS = 10.0
@@ -170,4 +172,8 @@ def done_line(summary: Mapping[str, Any]) -> str:
                  f"{summary['build_seconds']:.1f} s)")
     parts = [f"{summary['global_step']} steps", f"{summary['episodes']} episodes",
              f"mean return of the last 10: {'n/a' if ret is None else f'{ret:.1f}'}", rate]
-    return f"done: {', '.join(parts)}; logs in {summary['run_dir']}"
+    sections = [f"done: {', '.join(parts)}"]
+    if "skipped_transitions" in summary:
+        sections.append(f"skipped {summary['skipped_transitions']:,} non-finite transitions, "
+                        f"{describe_updates(summary['updates'])}")
+    return "; ".join([*sections, f"logs in {summary['run_dir']}"])

@@ -15,7 +15,7 @@ import sys
 import time
 import warnings
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,9 +66,19 @@ from rl_graphstep.netspec import (
     networks_of_run,
     record_networks,
 )
+from rl_graphstep.nonfinite import (
+    NonFiniteTally,
+    describe_updates,
+    mostly_skipped,
+    policy_inputs,
+    random_actions_for,
+)
 from rl_graphstep.plugins import build_network, check_actor, check_critic
 
 NetworkSpec = str | type | nn.Module | None
+
+# The exit code of a run that finished but skipped most of its updates (non-finite values).
+MOSTLY_SKIPPED_EXIT = 3
 
 
 class TrainingInterrupted(RLGraphstepError):
@@ -170,6 +180,7 @@ class Progress:
     episodes: int = 0
     recent_returns: deque[float] = field(default_factory=lambda: deque(maxlen=10))
     episode_stats: EpisodeStatistics = field(default_factory=lambda: EpisodeStatistics(1))
+    nonfinite: NonFiniteTally = field(default_factory=lambda: NonFiniteTally(""))
 
 
 def _pickled_envs(envs: gym.vector.VectorEnv | EnvWorker) -> bytes | None:
@@ -196,6 +207,7 @@ def _checkpoint(cfg: Config, run_dir: Path, progress: Progress, agent: ActorCrit
         "episodes": progress.episodes,
         "recent_returns": list(progress.recent_returns),
         "episode_stats": progress.episode_stats.state_dict(),
+        "nonfinite": progress.nonfinite.state_dict(agent),
         "agent": agent.state_dict(),
         "rng": rng_state(),
         "envs": _pickled_envs(envs),
@@ -303,7 +315,8 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     agent = algorithm(actor_net, critic_net, cfg, observation_size=observation_size,
                       action_size=action_size, device=device, use_graph=use_graph,
                       compile=compiled)
-    progress = Progress(episode_stats=EpisodeStatistics(cfg.num_envs))
+    progress = Progress(episode_stats=EpisodeStatistics(cfg.num_envs),
+                        nonfinite=NonFiniteTally(cfg.env_id))
     if resumed is not None:
         envs, observations = _restore(resumed, agent, buffer, progress, envs)
     if cfg.env_worker:
@@ -355,17 +368,27 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
         def add_pending() -> None:
             nonlocal pending
             if pending is not None:
-                buffer.add(*pending)
+                progress.nonfinite.store(buffer, progress.global_step, *pending)
                 pending = None
 
+        # Envs whose observation is not finite: the policy sees zeros there, and their
+        # actions are replaced by random ones (see policy_inputs).
+        unsafe: np.ndarray | None = None
+
         def request_action() -> bool:
-            nonlocal requested
+            nonlocal requested, unsafe
             pipe = actions_pipe or early_pipe
             acting = progress.global_step >= cfg.learning_starts and pipe is not None
             requested = pipe if acting else None
             if acting:
-                pipe.request(observations)
+                safe, unsafe = policy_inputs(observations)
+                pipe.request(safe)
             return acting
+
+        def save() -> Path:
+            add_pending()
+            return _checkpoint(cfg, run_dir, progress, agent, envs, observations, buffer,
+                               actions_pipe)
 
         while progress.global_step < cfg.total_timesteps:
             # The policy's action is queued first and the updates after it, so waiting for
@@ -394,6 +417,8 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
             if acting:
                 with clock.waiting():
                     actions, env_actions = requested.wait()
+                if unsafe is not None:
+                    random_actions_for(unsafe, actions, env_actions, low, high)
             else:
                 actions = np.random.uniform(-1.0, 1.0, (cfg.num_envs, action_size))
                 env_actions = scale_action(actions, low, high)
@@ -404,9 +429,11 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
             progress.global_step += cfg.num_envs
             for episodic_return, length in progress.episode_stats.update(
                     rewards, terminations, truncations):
+                progress.episodes += 1
+                if not progress.nonfinite.count_episode(episodic_return):
+                    continue  # a NaN or inf reward: its return would read as nan (see README)
                 logger.episode(progress.global_step, episodic_return, length)
                 progress.recent_returns.append(episodic_return)
-                progress.episodes += 1
             pending = (observations, actions, rewards,
                        true_next_observations(next_observations, infos), terminations)
             observations = next_observations
@@ -415,17 +442,17 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
             step = progress.global_step
             done = step >= cfg.total_timesteps
             if step % cfg.log_interval < cfg.num_envs or done or stops:
-                _log(logger, agent, cfg, progress, bar, clock.sps(step))
+                _log(logger, agent, cfg, progress, bar, clock.sps(step), save,
+                     progress.nonfinite.count(pending))
             if step % cfg.checkpoint_every < cfg.num_envs or done or stops:
-                add_pending()
-                saved = _checkpoint(cfg, run_dir, progress, agent, envs, observations, buffer,
-                                    actions_pipe)
+                saved = save()
             if stops:
                 name = signal.Signals(stops[0]).name
                 raise TrainingInterrupted(
                     stops[0], f"{name} at step {step}: checkpoint {saved} saved and logs "
                     f"flushed; continue with --resume {run_dir}")
 
+    updates = progress.nonfinite.updates(agent)
     return {
         "run_dir": str(run_dir),
         "global_step": progress.global_step,
@@ -436,6 +463,11 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
         "compile": agent.compile,
         "env_worker": isinstance(envs, EnvWorker),
         "action_stream": actions_pipe is not None and actions_pipe.side_stream is not None,
+        "skipped_transitions": progress.nonfinite.transitions,
+        "nonfinite_episodes": progress.nonfinite.episodes,
+        # Critic and actor steps, each (skipped, made) over the whole run.
+        "updates": updates,
+        "mostly_skipped": mostly_skipped(updates),
         **clock.summary(progress.global_step),
     }
 
@@ -539,6 +571,7 @@ def _restore(state: dict[str, Any], agent: ActorCritic, buffer: ReplayBuffer,
     progress.global_step = int(state["global_step"])
     progress.episodes = int(state["episodes"])
     progress.recent_returns.extend(state["recent_returns"])
+    progress.nonfinite.load_state_dict(state.get("nonfinite"), agent.updates)
     set_rng_state(state["rng"])
     if state.get("envs") is not None:
         if state.get("episode_stats") is not None:
@@ -552,24 +585,37 @@ def _restore(state: dict[str, Any], agent: ActorCritic, buffer: ReplayBuffer,
 
 
 def _log(logger: Logger, agent: ActorCritic, cfg: Config, progress: Progress,
-         bar: ProgressDisplay, sps: float) -> None:
-    """Write the interval's means; stop a run that only produces non-finite updates."""
+         bar: ProgressDisplay, sps: float, save: Callable[[], Path], unstored: int = 0) -> None:
+    """Write the interval's means; stop a run that only produces non-finite updates, after
+    ``save`` wrote a checkpoint (skipped updates leave the parameters as they were, so it holds
+    those of the last finite update). ``unstored``: the non-finite rows of the transition not
+    stored yet (it is stored after the next action is requested), so the count is this step's."""
     step = progress.global_step
     logger.write(step)
     logger.scalar("charts/SPS", sps, step)
     total, consecutive = (int(t) for t in torch.stack(agent.skipped_updates()).tolist())
-    logger.scalar("charts/skipped_updates", total, step)
+    logger.scalar("charts/skipped_updates", total + progress.nonfinite.skipped_before(), step)
+    logger.scalar("charts/nonfinite_transitions", progress.nonfinite.transitions + unstored,
+                  step)
     if consecutive >= cfg.nonfinite_limit:
-        raise NonFiniteUpdates(
-            f"the last {consecutive} updates had non-finite losses or gradients (limit "
-            f"--nonfinite-limit {cfg.nonfinite_limit}); stopped at step {step} with the "
-            f"parameters of the last finite update and the checkpoints saved so far; check the "
-            f"rewards and observations the environment returns, or lower the learning rates")
+        raise NonFiniteUpdates(_nonfinite_stop_message(consecutive, cfg, step, save()))
     bar.report(step, progress.recent_returns)
 
 
+def _nonfinite_stop_message(consecutive: int, cfg: Config, step: int, saved: Path) -> str:
+    """The count is read at log intervals only (reading it is a device sync), so it may have
+    run past the limit by up to an interval's updates: say both."""
+    run_dir = saved.parent.parent
+    return (f"at least --nonfinite-limit {cfg.nonfinite_limit} consecutive updates had "
+            f"non-finite losses or gradients ({consecutive} by step {step}, when it was "
+            f"checked); checkpoint {saved} holds the parameters of the last finite update "
+            f"(continue with --resume {run_dir}); check the rewards and observations the "
+            f"environment returns, or lower the learning rates")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry: one clear line and exit 2 on bad input, 128+signal when stopped."""
+    """Command-line entry: one clear line and exit 2 on bad input, 128+signal when stopped,
+    3 when the run finished but skipped most of its updates."""
     try:
         given = command_line_values(argv)
         if given.get("resume"):
@@ -588,6 +634,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("stopped: interrupted during start-up", file=sys.stderr)
         return 130
     print(done_line(summary))
+    if summary["mostly_skipped"]:
+        print(f"error: most updates were skipped for non-finite losses or gradients "
+              f"({describe_updates(summary['updates'])}), so the agent did not learn; check "
+              f"the rewards and observations the environment returns, or lower the learning "
+              f"rates; logs and checkpoint kept in {summary['run_dir']}", file=sys.stderr)
+        return MOSTLY_SKIPPED_EXIT
     return 0
 
 

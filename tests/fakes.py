@@ -1,7 +1,12 @@
-"""Tiny deterministic networks whose losses can be computed by hand."""
+"""Tiny deterministic networks whose losses can be computed by hand, and environments that
+return NaN or inf now and then."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -56,3 +61,43 @@ def assert_same_learning_state(actual: object, expected: object) -> None:
         else:
             torch.testing.assert_close(other.state_dict(), part.state_dict(), rtol=0, atol=0,
                                        msg=name)
+
+
+class PoisonedPendulum(gym.Wrapper):
+    """Pendulum whose reward (``part="reward"``) or first observation entry
+    (``part="observation"``) is ``value`` on every ``every``-th step, counted across episodes.
+    It also counts the non-finite actions it was given (a policy fed NaN acts NaN)."""
+
+    def __init__(self, env: gym.Env, part: str, value: float, every: int) -> None:
+        super().__init__(env)
+        self.part, self.value, self.every, self.steps = part, value, every, 0
+        self.nonfinite_actions = 0
+
+    def step(self, action: np.ndarray) -> tuple[Any, ...]:
+        self.nonfinite_actions += int(not np.isfinite(action).all())
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self.steps += 1
+        if self.steps % self.every == 0:
+            if self.part == "reward":
+                reward = self.value
+            else:
+                obs = np.array(obs, copy=True)
+                obs[0] = self.value
+        return obs, reward, terminated, truncated, info
+
+
+POISONED: list[PoisonedPendulum] = []
+"""Every ``PoisonedPendulum`` a registered id made, newest last (to read its counts)."""
+
+
+def register_poisoned(name: str, part: str, value: float, every: int) -> str:
+    """Register ``name-v0``: a ``PoisonedPendulum`` with 200-step episodes."""
+
+    def make(**_: Any) -> PoisonedPendulum:
+        env = PoisonedPendulum(gym.make("Pendulum-v1"), part, value, every)
+        POISONED.append(env)
+        return env
+
+    env_id = f"{name}-v0"
+    gym.register(env_id, entry_point=make, max_episode_steps=200)
+    return env_id

@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import copy
 import math
+import re
+import warnings
 from pathlib import Path
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
+from fakes import POISONED, register_poisoned
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
+from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.checkpoint import latest_checkpoint, load_checkpoint
 from rl_graphstep.config import load_config
+from rl_graphstep.evaluate import evaluate
 from rl_graphstep.graphstep import EagerAdaptationStep, clip_grad_norm
+from rl_graphstep.nonfinite import NonFiniteTally
 from rl_graphstep.train import NonFiniteUpdates, main, train
 
 
@@ -70,31 +77,152 @@ def test_a_nan_update_changes_nothing() -> None:
         assert torch.equal(p, q)  # as if the NaN batch had never come
 
 
-def test_occasional_nan_rewards_are_skipped_and_counted(tmp_path: Path) -> None:
-    env_id = register("OccasionalNaN", value=math.nan, every=97)
-    summary = train(load_config([*SMALL, "--env", env_id, "--total-timesteps", "600",
-                                 "--log-dir", str(tmp_path), "--run-name", "run"]))
-    assert summary["global_step"] == 600
-    state = load_checkpoint(tmp_path / "run")
-    for tensor in state["agent"]["actor"].values():
-        assert torch.isfinite(tensor).all()
+def stored_rows(run: Path) -> torch.Tensor:
+    """The replay buffer's filled rows, as the run's last checkpoint (--save-buffer) has it."""
+    return load_checkpoint(run)["buffer"]["storage"]
+
+
+def test_nan_rewards_are_dropped_counted_and_warned_about_once(tmp_path: Path) -> None:
+    env_id = register_poisoned("EveryFiftyNaN", "reward", math.nan, every=50)
+    cfg = load_config([*SMALL, "--env", env_id, "--total-timesteps", "600", "--save-buffer",
+                       "--log-dir", str(tmp_path), "--run-name", "run"])
+    with pytest.warns(UserWarning) as caught:
+        summary = train(cfg)
+    about = [str(w.message) for w in caught if "non-finite" in str(w.message)]
+    assert about == [f"{env_id} returned a non-finite reward (env 0, step 50); transitions "
+                     "with NaN or inf are not stored but counted in "
+                     "charts/nonfinite_transitions (warned once per run)"]
+    rows = stored_rows(tmp_path / "run")
+    assert rows.shape[0] == 600 - 12 and torch.isfinite(rows).all()  # steps 50, 100, ..., 600
+    assert summary["skipped_transitions"] == 12
+    # Each 200-step episode had NaN rewards: none counts as a return, none reads as nan.
+    assert summary["episodes"] == 3 and summary["nonfinite_episodes"] == 3
+    assert summary["mean_return_last_10"] is None
+    # 400 updates from step 200 on, each a critic step, and SAC's two actor steps every
+    # other update: none skipped.
+    assert summary["updates"] == {"critic": (0, 400), "actor": (0, 400)}
+    assert summary["mostly_skipped"] is False
     events = EventAccumulator(str(tmp_path / "run"))
     events.Reload()
-    skipped = [e.value for e in events.Scalars("charts/skipped_updates")]
-    assert skipped[-1] > 0 and skipped == sorted(skipped)
+    dropped = [(e.step, e.value) for e in events.Scalars("charts/nonfinite_transitions")]
+    assert dropped == [(100 * i, 2 * i) for i in range(1, 7)]
+    assert [e.value for e in events.Scalars("charts/skipped_updates")] == [0.0] * 6
 
 
-def test_a_run_of_nan_stops_clearly_and_keeps_its_checkpoint(tmp_path: Path) -> None:
-    env_id = register("AlwaysNaN", value=math.nan, every=1, after=250)
-    cfg = load_config([*SMALL, "--env", env_id, "--total-timesteps", "2000",
-                       "--checkpoint-every", "200", "--nonfinite-limit", "100",
+def test_inf_observations_never_reach_the_policy_or_the_buffer(tmp_path: Path) -> None:
+    env_id = register_poisoned("SometimesInf", "observation", math.inf, every=37)
+    cfg = load_config([*SMALL, "--env", env_id, "--total-timesteps", "600", "--save-buffer",
                        "--log-dir", str(tmp_path), "--run-name", "run"])
-    with pytest.raises(NonFiniteUpdates, match="non-finite losses or gradients"):
+    with pytest.warns(UserWarning, match=f"{env_id} returned a non-finite next observation "
+                                         r"\(env 0, step 37\)"):
+        summary = train(cfg)
+    assert POISONED[-1].nonfinite_actions == 0  # each inf observation got a random action
+    rows = stored_rows(tmp_path / "run")
+    # 16 inf observations (steps 37 ... 592), none at an episode's end: each drops the
+    # transition it ends and the one it starts.
+    assert summary["skipped_transitions"] == 32
+    assert rows.shape[0] == 600 - 32 and torch.isfinite(rows).all()
+    assert summary["updates"] == {"critic": (0, 400), "actor": (0, 400)}
+    assert summary["nonfinite_episodes"] == 0
+    assert math.isfinite(summary["mean_return_last_10"])
+
+
+def test_several_envs_store_only_full_batches_of_finite_rows() -> None:
+    buffer = ReplayBuffer(16, 1, 1, "cpu")
+    tally = NonFiniteTally("Some-v0")
+
+    def step(*rewards: float) -> None:
+        n = len(rewards)
+        obs = np.arange(n, dtype=np.float32)[:, None]
+        tally.store(buffer, 0, obs, np.zeros((n, 1)), np.array(rewards), obs + 1,
+                    np.zeros(n, dtype=bool))
+
+    with pytest.warns(UserWarning, match="Some-v0 returned a non-finite reward .env 1"):
+        step(1.0, math.nan)
+    assert len(buffer) == 0 and tally.transitions == 1  # one finite row held back
+    step(2.0, 3.0)  # two more: the held row and the first go in, the second is held
+    assert len(buffer) == 2 and buffer.storage[:2, 2].tolist() == [1.0, 2.0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once per run
+        step(math.inf, math.nan)
+    step(4.0, 5.0)
+    assert len(buffer) == 4 and buffer.storage[:4, 2].tolist() == [1.0, 2.0, 3.0, 4.0]
+    assert tally.transitions == 3 and torch.isfinite(buffer.storage).all()
+
+
+HUGE = 1e30  # finite, so stored; its square overflows float32: the losses are inf
+
+
+def test_a_run_of_nonfinite_updates_stops_with_a_checkpoint_that_resumes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    env_id = register_poisoned("AlwaysHuge", "reward", HUGE, every=1)
+    run = tmp_path / "run"
+    cfg = load_config([*SMALL, "--env", env_id, "--total-timesteps", "2000",
+                       "--checkpoint-every", "1000", "--nonfinite-limit", "100",
+                       "--save-buffer", "--log-dir", str(tmp_path), "--run-name", "run"])
+    with pytest.raises(NonFiniteUpdates) as stopped:
         train(cfg)
-    checkpoint = latest_checkpoint(tmp_path / "run")
-    assert checkpoint is not None and load_checkpoint(checkpoint)["global_step"] <= 400
-    for tensor in load_checkpoint(checkpoint)["agent"]["critic"].values():
-        assert torch.isfinite(tensor).all()
+    checkpoint = latest_checkpoint(run)
+    assert checkpoint is not None
+    state = load_checkpoint(checkpoint)
+    step = state["global_step"]
+    assert str(stopped.value) == (
+        f"at least --nonfinite-limit 100 consecutive updates had non-finite losses or "
+        f"gradients (100 by step {step}, when it was "
+        f"checked); checkpoint {checkpoint} holds the parameters of the last finite update "
+        f"(continue with --resume {run}); check the rewards and observations the "
+        f"environment returns, or lower the learning rates")
+    assert step == 300  # the first log interval with 100 updates, not the step-0 checkpoint
+    for part in ("actor", "critic"):
+        for tensor in state["agent"][part].values():
+            assert torch.isfinite(tensor).all()
+    evaluated = evaluate(run, episodes=1, device="cpu", verbose=False)
+    assert math.isfinite(evaluated.mean)
+    capsys.readouterr()
+    code = main(["--resume", str(run), "--total-timesteps", "400", "--nonfinite-limit",
+                 "100000"])
+    out, err = capsys.readouterr()
+    # Resumed and finished; every critic update of the run was skipped (counted across the
+    # resume), the actor's were not: its loss reads the critic, whose parameters stay finite.
+    done = out.splitlines()[-1]
+    assert code == 3 and done.startswith("done: 400 steps, ")
+    assert ("skipped 0 non-finite transitions, 200 of 200 critic updates and 0 of 200 actor "
+            f"updates; logs in {run}") in done
+    assert err.strip().splitlines() == [
+        "error: most updates were skipped for non-finite losses or gradients (200 of 200 "
+        "critic updates and 0 of 200 actor updates), so the agent did not learn; check the "
+        "rewards and observations the environment returns, or lower the learning rates; "
+        f"logs and checkpoint kept in {run}"]
+    assert load_checkpoint(latest_checkpoint(run))["global_step"] == 400
+
+
+def test_a_finished_run_that_skipped_most_updates_exits_3(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    env_id = register_poisoned("OftenHuge", "reward", HUGE, every=4)
+    code = main([*SMALL, "--env", env_id, "--total-timesteps", "400", "--log-dir",
+                 str(tmp_path), "--run-name", "run"])
+    out, err = capsys.readouterr()
+    skipped = int(re.search(r"(\d+) of 200 critic updates and 0 of 200 actor", out).group(1))
+    assert code == 3 and 100 < skipped <= 200
+    assert len(err.strip().splitlines()) == 1
+    assert err.startswith(f"error: most updates were skipped for non-finite losses or "
+                          f"gradients ({skipped} of 200 critic updates")
+    assert latest_checkpoint(tmp_path / "run") is not None
+
+
+def test_a_clean_run_ends_with_its_counts_and_exit_0(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    env_id = register_poisoned("EveryFiftyNaNAgain", "reward", math.nan, every=50)
+    with pytest.warns(UserWarning, match="non-finite reward"):
+        code = main([*SMALL, "--env", env_id, "--total-timesteps", "300", "--log-dir",
+                     str(tmp_path), "--run-name", "run"])
+    out, err = capsys.readouterr()
+    assert code == 0 and err == ""
+    assert re.fullmatch(
+        r"done: 300 steps, 1 episodes, mean return of the last 10: n/a, [\d,]+ steps/s "
+        r"\(learning phase [\d,]+ steps/s; updates built in \d+\.\d s\); "
+        r"skipped 6 non-finite transitions, 0 of 100 critic updates and 0 of 100 actor "
+        rf"updates; logs in {tmp_path}/run", out.splitlines()[-1])
 
 
 def test_huge_rewards_do_not_break_the_parameters(tmp_path: Path) -> None:

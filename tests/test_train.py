@@ -323,5 +323,7 @@ def test_no_progress_prints_the_start_and_final_lines_only(
     assert lines[1].startswith("updates: eager; built in ")
     assert re.fullmatch(r"done: 200 steps, 1 episodes, mean return of the last 10: -\d+\.\d, "
                         r"[\d,]+ steps/s \(learning phase [\d,]+ steps/s; updates built in "
-                        rf"\d+\.\d s\); logs in {re.escape(str(tmp_path / 'quiet'))}",
+                        r"\d+\.\d s\); skipped 0 non-finite transitions, 0 of 120 critic "
+                        r"updates and 0 of 120 actor updates; "
+                        rf"logs in {re.escape(str(tmp_path / 'quiet'))}",
                         lines[2]), lines[2]

@@ -1,0 +1,173 @@
+"""Non-finite values from the environment: transitions checked on the host before they are
+stored, observations made safe for the policy, and the run's tally of what was skipped.
+
+A NaN or inf that reached the replay buffer would poison every batch that samples its row (the
+update is then skipped on the device, see ``NonFiniteGuard``), so such a row never gets in: a
+few ``np.isfinite`` calls per step on the host, the whole check when all is well.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import numpy as np
+
+from rl_graphstep.buffer import ReplayBuffer
+from rl_graphstep.envs import scale_action
+
+__all__ = ["NonFiniteTally", "describe_updates", "mostly_skipped", "policy_inputs",
+           "random_actions_for", "update_steps"]
+
+# The parts of a transition, in the order the buffer takes them; terminations are booleans.
+_PARTS = ("observation", "action", "reward", "next observation")
+
+
+class NonFiniteTally:
+    """Stores transitions that are finite and counts the others; counts skipped updates.
+
+    A step's non-finite rows are dropped (and counted in :attr:`transitions`); the first one
+    of a run is warned about, naming the env and what was not finite. With several envs, the
+    finite rows of such a step are held back until they make a full batch of ``num_envs``
+    rows: the buffer then always receives batches of one size (on CUDA each size has its own
+    pinned staging and captured write, which must not be rebuilt mid-run).
+
+    It also keeps the skipped-update counts of earlier runs of the same training (before a
+    resume), since the device-side counters start from zero in each process.
+    """
+
+    def __init__(self, env_id: str, first_update: int = 0) -> None:
+        self.env_id = env_id
+        self.transitions = 0  # transitions dropped for a non-finite value
+        self.episodes = 0  # ended episodes with a non-finite return (left out of the means)
+        self.warned = False
+        self._held: list[tuple[np.ndarray, ...]] = []
+        # Updates made before this process's steps were built, and the counts of the runs
+        # before a resume: the guards' counters cover only this process.
+        self.first_update = first_update
+        self.before: dict[str, tuple[int, int]] = {}  # kind: (skipped, made)
+
+    def store(self, buffer: ReplayBuffer, step: int, observations: np.ndarray,
+              actions: np.ndarray, rewards: np.ndarray, next_observations: np.ndarray,
+              terminations: np.ndarray) -> None:
+        """``buffer.add`` the transitions whose observation, action, reward and next
+        observation are all finite; count and drop the others. ``step``: the global step,
+        for the warning."""
+        if (not self._held and np.isfinite(rewards).all()
+                and np.isfinite(next_observations).all() and np.isfinite(observations).all()
+                and np.isfinite(actions).all()):
+            buffer.add(observations, actions, rewards, next_observations, terminations)
+            return
+        n = len(rewards)
+        finite = np.ones(n, dtype=bool)
+        for name, ok in zip(_PARTS, _finite_rows(observations, actions, rewards,
+                                                 next_observations), strict=True):
+            if not ok.all() and not self.warned:
+                self.warned = True
+                env = int(np.flatnonzero(~ok)[0])
+                warnings.warn(
+                    f"{self.env_id} returned a non-finite {name} (env {env}, step {step}); "
+                    f"transitions with NaN or inf are not stored but counted in "
+                    f"charts/nonfinite_transitions (warned once per run)", stacklevel=3)
+            finite &= ok
+        self.transitions += int(n - finite.sum())
+        columns = (observations, actions, rewards, next_observations, terminations)
+        self._held.append(tuple(np.asarray(c)[finite] for c in columns))
+        held = sum(len(rows[2]) for rows in self._held)
+        if held >= n:
+            joined = [np.concatenate(c) for c in zip(*self._held, strict=True)]
+            buffer.add(*(c[:n] for c in joined))
+            self._held = [tuple(c[n:] for c in joined)] if held > n else []
+
+    def count(self, transitions: tuple[np.ndarray, ...] | None) -> int:
+        """How many of ``transitions`` (as :meth:`store` takes them) :meth:`store` would drop."""
+        if transitions is None:
+            return 0
+        finite = np.logical_and.reduce(_finite_rows(*transitions[:4]))
+        return int(finite.size - finite.sum())
+
+    def count_episode(self, episodic_return: float) -> bool:
+        """Whether an ended episode's return is finite; counts it when it is not."""
+        if np.isfinite(episodic_return):
+            return True
+        self.episodes += 1
+        return False
+
+    def updates(self, agent: Any) -> dict[str, tuple[int, int]]:
+        """(skipped, made) critic and actor steps over the whole run, by kind; reads the
+        device (a sync: call at log intervals, not per step)."""
+        made_now, made_then = update_steps(agent, agent.updates), update_steps(agent,
+                                                                               self.first_update)
+        counts = {}
+        for kind in ("critic", "actor"):
+            step = getattr(agent, f"{kind}_step")
+            guard = None if step is None else step.guard
+            skipped = 0 if guard is None else int(guard.skipped.item())
+            before = self.before.get(kind, (0, 0))
+            counts[kind] = (before[0] + skipped, before[1] + made_now[kind] - made_then[kind])
+        return counts
+
+    def skipped_before(self) -> int:
+        """Update steps skipped before this process (a resumed run), critic and actor."""
+        return sum(skipped for skipped, _ in self.before.values())
+
+    def state_dict(self, agent: Any) -> dict[str, Any]:
+        return {"transitions": self.transitions, "episodes": self.episodes,
+                "warned": self.warned, "held": self._held, "updates": self.updates(agent)}
+
+    def load_state_dict(self, state: dict[str, Any] | None, first_update: int) -> None:
+        """Restore :meth:`state_dict`; ``first_update``: the resumed agent's update count.
+        ``None`` (a checkpoint from before this tally) keeps the zeros."""
+        self.first_update = first_update
+        if state is None:
+            return
+        self.transitions, self.episodes = int(state["transitions"]), int(state["episodes"])
+        self.warned, self._held = bool(state["warned"]), list(state["held"])
+        self.before = {kind: (int(s), int(m)) for kind, (s, m) in state["updates"].items()}
+
+
+def _finite_rows(*parts: np.ndarray) -> list[np.ndarray]:
+    """Per part (n rows, or n values), which of its n rows are all finite."""
+    n = len(parts[0])
+    return [np.isfinite(np.asarray(part).reshape(n, -1)).all(axis=1) for part in parts]
+
+
+def update_steps(agent: Any, updates: int) -> dict[str, int]:
+    """The critic and actor steps of an agent's first ``updates`` updates (what their guards
+    count): a critic step per update, and the actor's steps on every update whose number is
+    a multiple of ``policy_frequency``."""
+    due = -(-updates // agent.cfg.policy_frequency)  # ceil: updates 0, pf, 2 pf, ...
+    return {"critic": updates, "actor": due * agent.actor_updates_per_delay}
+
+
+def mostly_skipped(counts: dict[str, tuple[int, int]]) -> bool:
+    """More than half the critic's or the actor's steps were skipped: it did not learn."""
+    return any(made > 0 and 2 * skipped > made for skipped, made in counts.values())
+
+
+def describe_updates(counts: dict[str, tuple[int, int]]) -> str:
+    """``100 of 200 critic updates and 0 of 200 actor updates``."""
+    return " and ".join(f"{skipped:,} of {made:,} {kind} updates"
+                        for kind, (skipped, made) in counts.items())
+
+
+def policy_inputs(observations: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Observations the policy may see, and the mask of envs whose own were not finite (None
+    when all were: the fast path, one check). Those rows are zeros here; their actions must
+    be replaced (:func:`random_actions_for`), as a NaN or inf input makes a NaN action."""
+    if np.isfinite(observations).all():
+        return observations, None
+    unsafe = ~np.isfinite(observations).all(axis=1)
+    safe = np.array(observations, copy=True)
+    safe[unsafe] = 0.0
+    return safe, unsafe
+
+
+def random_actions_for(unsafe: np.ndarray, actions: np.ndarray, env_actions: np.ndarray,
+                       low: np.ndarray, high: np.ndarray) -> None:
+    """Overwrite, in place, the actions of the ``unsafe`` envs with uniform random ones (as
+    in the warm-up), in [-1, 1] and scaled onto the bounds."""
+    random = np.random.uniform(-1.0, 1.0, (int(unsafe.sum()), actions.shape[1]))
+    actions[unsafe] = random
+    env_actions[unsafe] = scale_action(random, low, high)
+
