@@ -95,19 +95,21 @@ def test_resume_continues_the_log_without_gaps_or_repeats(tmp_path: Path) -> Non
 def test_resuming_an_older_checkpoint_sets_the_later_ones_aside(tmp_path: Path) -> None:
     args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--checkpoint-every",
             "100", "--keep-checkpoints", "5"]
-    train(load_config([*args, "--total-timesteps", "300"]))
+    train(load_config([*args, "--total-timesteps", "400"]))
     old = {p.name: load_checkpoint(p)["agent"] for p in list_checkpoints(tmp_path / "run")}
     first = list_checkpoints(tmp_path / "run")[0]
-    assert main(["--resume", str(first), "--total-timesteps", "200"]) == 0
+    # The new timeline learns from step 200 on (--learning-starts 200) up to 300.
+    assert main(["--resume", str(first), "--total-timesteps", "300"]) == 0
     # The new timeline's checkpoints, and the old timeline's later ones kept apart, unchanged.
     names = [p.name for p in list_checkpoints(tmp_path / "run")]
-    assert names == ["step_000000000100.pt", "step_000000000200.pt"]
+    assert names == ["step_000000000100.pt", "step_000000000200.pt", "step_000000000300.pt"]
     aside = tmp_path / "run" / "checkpoints" / "abandoned_after_000000000100"
-    assert sorted(p.name for p in aside.iterdir()) == ["step_000000000200.pt",
-                                                       "step_000000000300.pt"]
-    for name in ("step_000000000200.pt", "step_000000000300.pt"):
+    later = ["step_000000000200.pt", "step_000000000300.pt", "step_000000000400.pt"]
+    assert sorted(p.name for p in aside.iterdir()) == later
+    for name in later:
         assert_same_state(load_checkpoint(aside / name)["agent"], old[name])
-    assert load_checkpoint(tmp_path / "run")["global_step"] == 200  # the new latest
+    latest = load_checkpoint(tmp_path / "run")
+    assert latest["global_step"] == 300 and latest["agent"]["updates"] == 100  # the new latest
 
 
 def test_keeps_the_newest_checkpoints(tmp_path: Path) -> None:

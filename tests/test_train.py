@@ -281,3 +281,33 @@ def test_the_action_stream_needs_a_policy_that_takes_host_noise() -> None:
     assert _acts_beside(agent, Config(action_stream="auto")) is True
     assert _acts_beside(agent, Config(action_stream="on")) is True
     assert _acts_beside(agent, Config(action_stream="off")) is False
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--total-timesteps", "400", "--learning-starts", "400"],
+         "error: --learning-starts 400 is not below --total-timesteps 400: the run would end "
+         "before its first update; lower --learning-starts or raise --total-timesteps\n"),
+        (["--batch-size", "64", "--buffer-size", "32"],
+         "error: --batch-size 64 is above --buffer-size 32: the replay buffer could never hold "
+         "one batch, so no update would run; lower --batch-size or raise --buffer-size\n"),
+    ],
+)
+def test_a_run_that_could_never_update_exits_2(args: list[str], line: str, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Once these ran to exit 0 after zero updates and saved untrained networks."""
+    assert main(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), "--run-name", "never",
+                 *SHORT, *args]) == 2
+    assert capsys.readouterr().err == line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_shortest_run_allowed_makes_its_update(tmp_path: Path) -> None:
+    """One step past --learning-starts, with exactly one batch stored: the refusals above are
+    not stricter than the loop."""
+    summary = train(load_config(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), *SHORT,
+                                 "--run-name", "one", "--total-timesteps", "151",
+                                 "--batch-size", "150", "--buffer-size", "150"]))
+    assert summary["global_step"] == 151
+    assert load_checkpoint(tmp_path / "one")["agent"]["updates"] == 1
