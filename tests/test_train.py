@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 import warnings
@@ -311,3 +312,28 @@ def test_the_shortest_run_allowed_makes_its_update(tmp_path: Path) -> None:
                                  "--batch-size", "150", "--buffer-size", "150"]))
     assert summary["global_step"] == 151
     assert load_checkpoint(tmp_path / "one")["agent"]["updates"] == 1
+
+
+def test_a_run_named_by_the_clock_is_owned_while_it_trains(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its folder is claimed atomically, and then locked like any other: a --resume of it
+    during the run is refused."""
+    from rl_graphstep.checkpoint import RunLock
+    from rl_graphstep.errors import RunFolderError
+
+    refused: list[str] = []
+    log = train_module._log
+
+    def log_and_try_to_own(logger: Any, *args: Any) -> None:
+        with pytest.raises(RunFolderError) as info, RunLock(logger.run_dir):
+            pass
+        refused.append(str(info.value))
+        log(logger, *args)
+
+    monkeypatch.setattr(train_module, "_log", log_and_try_to_own)
+    summary = train(load_config(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), *SHORT]))
+    run_dir = Path(summary["run_dir"])
+    assert run_dir.name.startswith("Pendulum-v1__sac__1__")
+    assert refused == [f"{run_dir} is in use by another training (pid {os.getpid()}); wait for "
+                       "it to end or pick another --run-name"] * 4  # steps 100 to 400
+    assert not (run_dir / ".lock").exists()
