@@ -174,10 +174,32 @@ class Config:
                               "other processes; pick one")
         if self.autotune and self.alpha == 0:
             raise ConfigError("--alpha must be > 0 with --autotune (it starts log(alpha)), got 0.0")
+        problem = _learning_problem(self)
+        if problem:
+            raise ConfigError(problem)
 
     def __hash__(self) -> int:
         # The generated hash would fail on the kwargs dicts; hash a frozen copy of every value.
         return hash(tuple(_freeze(getattr(self, f.name)) for f in dataclasses.fields(self)))
+
+
+def _learning_problem(cfg: Config) -> str | None:
+    """Why a run of ``cfg`` would end without a single update (and save untrained networks),
+    or None. Updates start once more than ``learning_starts`` steps are taken and the buffer
+    holds a batch."""
+    if cfg.batch_size > cfg.buffer_size:
+        return (f"--batch-size {cfg.batch_size} is above --buffer-size {cfg.buffer_size}: the "
+                "replay buffer could never hold one batch, so no update would run; lower "
+                "--batch-size or raise --buffer-size")
+    if cfg.learning_starts >= cfg.total_timesteps:
+        return (f"--learning-starts {cfg.learning_starts} is not below --total-timesteps "
+                f"{cfg.total_timesteps}: the run would end before its first update; lower "
+                "--learning-starts or raise --total-timesteps")
+    if cfg.batch_size >= cfg.total_timesteps:
+        return (f"--batch-size {cfg.batch_size} is not below --total-timesteps "
+                f"{cfg.total_timesteps}: the run would end before the replay buffer holds one "
+                "batch, so no update would run; lower --batch-size or raise --total-timesteps")
+    return None
 
 
 FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(Config)}

@@ -63,3 +63,7 @@ def display_path(filename: str) -> str:
 
 class CheckpointError(RLGraphstepError, ValueError):
     """A checkpoint cannot be found, read, or does not suit the run asked for."""
+
+
+class RunFolderError(RLGraphstepError, RuntimeError):
+    """A run folder is owned by another training process, or cannot be written."""

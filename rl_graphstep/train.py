@@ -31,8 +31,12 @@ from rl_graphstep.algorithms import ALGORITHMS, ActorCritic
 from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.checkpoint import (
     FORMAT,
+    PartialSaves,
+    RunLock,
+    find_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    remove_partial_saves,
     save_checkpoint,
     set_aside_later,
 )
@@ -227,6 +231,24 @@ def _run_dir(cfg: Config) -> Path:
     return path.parent.parent if path.is_file() else path
 
 
+def _own_run_dir(cfg: Config, run_dir: Path, owned: contextlib.ExitStack) -> None:
+    """Lock ``run_dir`` for this process until ``owned`` closes: a second training of the
+    same folder, new or resumed, gets one line instead of mixing its files into this one."""
+    if cfg.resume:
+        find_checkpoint(cfg.resume)  # a wrong --resume path is its own line, and makes no folder
+        advice = "wait for it to end before resuming it"
+    else:
+        advice = "wait for it to end or pick another --run-name"
+    owned.enter_context(RunLock(run_dir, advice=advice))
+
+
+def _remove_partial_saves(run_dir: Path) -> PartialSaves | None:
+    """Delete what saves of killed runs left half-written in the (owned) ``run_dir``; return
+    what was deleted, None when nothing was."""
+    removed = remove_partial_saves(run_dir)
+    return removed if removed.files else None
+
+
 @contextlib.contextmanager
 def matmul_precision(cfg: Config) -> Iterator[None]:
     """float32 matmuls on TF32 tensor cores while inside, when ``cfg.tf32``; the process's
@@ -276,24 +298,29 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
     """
     try:
         device = resolve_device(cfg)
-        with matmul_precision(cfg), loop_threads(device):
-            return _train(cfg, device, actor, critic)
+        # The run folder's lock (see _own_run_dir) is released when the run ends in any way.
+        with matmul_precision(cfg), loop_threads(device), contextlib.ExitStack() as owned:
+            return _train(cfg, device, actor, critic, owned)
     finally:
         gc.unfreeze()  # see _build_steps
 
 
-def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: NetworkSpec
-           ) -> dict[str, Any]:
-    resumed = (load_checkpoint(cfg.resume, env_id=cfg.env_id, algo=cfg.algo)
-               if cfg.resume else None)
+def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: NetworkSpec,
+           owned: contextlib.ExitStack) -> dict[str, Any]:
     run_dir = _run_dir(cfg)
     # A folder named by the clock is claimed when the run starts logging (see below).
     by_clock = not cfg.resume and not cfg.run_name
+    # Owned before the checkpoint is read and anything is checked or written in the folder.
+    if not by_clock:
+        _own_run_dir(cfg, run_dir, owned)
+    resumed = (load_checkpoint(cfg.resume, env_id=cfg.env_id, algo=cfg.algo)
+               if cfg.resume else None)
     if resumed is None and not by_clock and list_checkpoints(run_dir):
         raise ConfigError(f"{run_dir} already holds a run with checkpoints; continue it with "
                           "--resume or pick another --run-name")
     # Resumed from an older checkpoint: the later ones belong to the abandoned timeline.
     set_aside = set_aside_later(run_dir, int(resumed["global_step"])) if resumed else None
+    removed = None if by_clock else _remove_partial_saves(run_dir)
     use_graph = resolve_graph(cfg, device)
     seed_everything(cfg.seed)
     envs = make_vec_env(cfg.env_id, num_envs=cfg.num_envs, seed=cfg.seed,
@@ -341,6 +368,7 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
         # Made here, not earlier, so that bad input leaves no empty folder behind; a run
         # started in the same second (the name's resolution) gets a folder of its own.
         run_dir = claim_run_dir(run_dir)
+        owned.enter_context(RunLock(run_dir))
     cfg, custom = record_networks(cfg, run_dir, actor or cfg.actor, actor_net,
                                   critic or cfg.critic, critic_net, observation_space,
                                   action_space)
@@ -352,7 +380,8 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
         bar.write(f"{run_dir}: {cfg.algo.upper()} on {cfg.env_id}, {device}; "
                   f"{buffer.describe()}" + describe_networks(custom)
                   + (f"; resumed at step {progress.global_step}" if resumed else "")
-                  + (f"; later checkpoints moved to {set_aside}" if set_aside else ""))
+                  + (f"; later checkpoints moved to {set_aside}" if set_aside else "")
+                  + (f"; {removed.describe()}" if removed else ""))
 
         def update() -> None:
             for _ in range(cfg.updates_per_step):

@@ -449,3 +449,49 @@ def test_config_is_frozen_and_checked_on_construction() -> None:
         Config().seed = 2  # type: ignore[misc]
     with pytest.raises(ConfigError, match="batch_size must be an int, got 'x'"):
         Config(batch_size="x")  # type: ignore[arg-type]
+
+
+NO_UPDATE = [
+    (["--total-timesteps", "500", "--learning-starts", "500"],
+     "--learning-starts 500 is not below --total-timesteps 500: the run would end before its "
+     "first update; lower --learning-starts or raise --total-timesteps"),
+    (["--total-timesteps", "500", "--learning-starts", "800"],
+     "--learning-starts 800 is not below --total-timesteps 500: the run would end before its "
+     "first update; lower --learning-starts or raise --total-timesteps"),
+    (["--batch-size", "512", "--buffer-size", "256"],
+     "--batch-size 512 is above --buffer-size 256: the replay buffer could never hold one "
+     "batch, so no update would run; lower --batch-size or raise --buffer-size"),
+    (["--total-timesteps", "300", "--learning-starts", "100", "--batch-size", "300"],
+     "--batch-size 300 is not below --total-timesteps 300: the run would end before the replay "
+     "buffer holds one batch, so no update would run; lower --batch-size or raise "
+     "--total-timesteps"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), NO_UPDATE)
+def test_a_run_that_could_never_update_is_refused(argv: list[str], message: str) -> None:
+    assert one_line_error(argv, "would") == message
+
+
+def test_a_run_that_could_never_update_is_refused_from_yaml_and_python(tmp_path: Path) -> None:
+    path = write(tmp_path, "total_timesteps: 500\nlearning_starts: 1000\n")
+    assert one_line_error(["--config", path], "first update").startswith(
+        "--learning-starts 1000 is not below --total-timesteps 500")
+    with pytest.raises(ConfigError, match="--batch-size 64 is above --buffer-size 32"):
+        config_from_dict({"batch_size": 64, "buffer_size": 32})
+    with pytest.raises(ConfigError, match="--learning-starts 5000 is not below"):
+        Config(total_timesteps=5000)  # the default learning_starts is 5000
+
+
+def test_the_first_update_at_the_last_step_is_allowed() -> None:
+    """One step past learning_starts and one row past a batch is the shortest run that learns."""
+    cfg = load_config(["--total-timesteps", "301", "--learning-starts", "300", "--batch-size",
+                       "300", "--buffer-size", "300"])
+    assert (cfg.total_timesteps, cfg.learning_starts, cfg.batch_size) == (301, 300, 300)
+
+
+def test_the_shipped_configs_could_all_update() -> None:
+    for algo, env_id in itertools.product(ALGORITHMS, ("Pendulum-v1", "HalfCheetah-v5")):
+        cfg = load_config(["--algo", algo, "--env", env_id])
+        assert cfg.learning_starts < cfg.total_timesteps
+        assert cfg.batch_size <= min(cfg.buffer_size, cfg.total_timesteps - 1)

@@ -3,6 +3,7 @@ training process."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import signal
@@ -16,8 +17,14 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rl_graphstep.checkpoint import list_checkpoints, load_checkpoint
-from rl_graphstep.config import load_config
+from rl_graphstep.checkpoint import (
+    FORMAT,
+    RunLock,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from rl_graphstep.config import config_to_dict, load_config
 from rl_graphstep.train import main, train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,19 +102,21 @@ def test_resume_continues_the_log_without_gaps_or_repeats(tmp_path: Path) -> Non
 def test_resuming_an_older_checkpoint_sets_the_later_ones_aside(tmp_path: Path) -> None:
     args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--checkpoint-every",
             "100", "--keep-checkpoints", "5"]
-    train(load_config([*args, "--total-timesteps", "300"]))
+    train(load_config([*args, "--total-timesteps", "400"]))
     old = {p.name: load_checkpoint(p)["agent"] for p in list_checkpoints(tmp_path / "run")}
     first = list_checkpoints(tmp_path / "run")[0]
-    assert main(["--resume", str(first), "--total-timesteps", "200"]) == 0
+    # The new timeline learns from step 200 on (--learning-starts 200) up to 300.
+    assert main(["--resume", str(first), "--total-timesteps", "300"]) == 0
     # The new timeline's checkpoints, and the old timeline's later ones kept apart, unchanged.
     names = [p.name for p in list_checkpoints(tmp_path / "run")]
-    assert names == ["step_000000000100.pt", "step_000000000200.pt"]
+    assert names == ["step_000000000100.pt", "step_000000000200.pt", "step_000000000300.pt"]
     aside = tmp_path / "run" / "checkpoints" / "abandoned_after_000000000100"
-    assert sorted(p.name for p in aside.iterdir()) == ["step_000000000200.pt",
-                                                       "step_000000000300.pt"]
-    for name in ("step_000000000200.pt", "step_000000000300.pt"):
+    later = ["step_000000000200.pt", "step_000000000300.pt", "step_000000000400.pt"]
+    assert sorted(p.name for p in aside.iterdir()) == later
+    for name in later:
         assert_same_state(load_checkpoint(aside / name)["agent"], old[name])
-    assert load_checkpoint(tmp_path / "run")["global_step"] == 200  # the new latest
+    latest = load_checkpoint(tmp_path / "run")
+    assert latest["global_step"] == 300 and latest["agent"]["updates"] == 100  # the new latest
 
 
 def test_keeps_the_newest_checkpoints(tmp_path: Path) -> None:
@@ -169,3 +178,110 @@ def test_a_new_run_never_overwrites_an_existing_one(tmp_path: Path,
     assert "already holds a run with checkpoints; continue it with --resume" in (
         capsys.readouterr().err)
     assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
+
+
+def files_of(run_dir: Path) -> dict[Path, bytes]:
+    return {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+
+
+def test_a_second_training_with_the_same_run_name_is_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A run in progress (held here; it has logged but not yet saved) keeps its folder alone."""
+    run_dir = tmp_path / "same"
+    with RunLock(run_dir):
+        (run_dir / "events.out.tfevents.1.first").write_bytes(b"the first run's events")
+        before = files_of(run_dir)
+        args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "same", "--total-timesteps",
+                "300"]
+        assert main(args) == 2
+        assert files_of(run_dir) == before
+    assert capsys.readouterr().err == (
+        f"error: {run_dir} is in use by another training (pid {os.getpid()}); wait for it "
+        "to end or pick another --run-name\n")
+    assert not (run_dir / ".lock").exists()  # released and removed with its holder
+
+
+def test_a_second_resume_of_a_run_is_refused(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """Neither a resume from the latest nor one that would set later checkpoints aside may
+    touch a run that another process is resuming."""
+    cfg = load_config([*SMALL, "--log-dir", str(tmp_path), "--run-name", "run",
+                       "--total-timesteps", "300"])
+    run_dir = tmp_path / "run"
+    for step in (100, 200, 300):  # what the refused resumes read: the config
+        save_checkpoint(run_dir, step, {"format": FORMAT, "config": config_to_dict(cfg),
+                                        "global_step": step, "agent": {}}, keep=5)
+    first = list_checkpoints(run_dir)[0]
+    with RunLock(run_dir, advice="wait for it to end before resuming it"):
+        before = files_of(run_dir)
+        assert main(["--resume", str(run_dir), "--total-timesteps", "400"]) == 2
+        assert main(["--resume", str(first), "--total-timesteps", "400"]) == 2
+        assert files_of(run_dir) == before
+    line = (f"error: {run_dir} is in use by another training (pid {os.getpid()}); wait for it "
+            "to end before resuming it\n")
+    assert capsys.readouterr().err == line * 2
+    assert [p.name for p in list_checkpoints(run_dir)] == [
+        "step_000000000100.pt", "step_000000000200.pt", "step_000000000300.pt"]
+
+
+def test_the_lock_of_a_killed_training_is_free(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """kill -9 runs no clean-up; the kernel drops the process's lock all the same, even while
+    a process it forked (as for the env worker) lives on."""
+    run_dir = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import multiprocessing, sys, time\n"
+         "from rl_graphstep.checkpoint import RunLock\n"
+         "RunLock(sys.argv[1]).__enter__()\n"
+         "worker = multiprocessing.get_context('fork').Process(target=time.sleep, args=(120,))\n"
+         "worker.start()\n"
+         "print(worker.pid, flush=True)\n"
+         "time.sleep(120)\n", str(run_dir)],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    worker = None
+    try:
+        worker = int(holder.stdout.readline())
+        args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--total-timesteps",
+                "300"]
+        assert main(args) == 2
+        assert f"in use by another training (pid {holder.pid});" in capsys.readouterr().err
+        holder.kill()  # SIGKILL
+        holder.wait(timeout=30)
+        assert holder.returncode == -signal.SIGKILL
+        assert (run_dir / ".lock").read_text().startswith(f"{holder.pid} ")  # left behind
+        os.kill(worker, 0)  # the forked process still lives
+        with RunLock(run_dir):
+            pass
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+        holder.stdout.close()
+        if worker is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)
+    assert main(args) == 0
+    assert "removed" not in capsys.readouterr().out  # said only when something was removed
+    assert load_checkpoint(run_dir)["global_step"] == 300
+    assert not (run_dir / ".lock").exists()
+
+
+def test_partial_saves_of_killed_runs_are_removed_at_start_and_resume(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run_dir = tmp_path / "run"
+    folder = run_dir / "checkpoints"
+    folder.mkdir(parents=True)
+    # A run killed during its first save: the temporary file, and no checkpoint.
+    (folder / ".step_000000000100.k2j4hx8w.tmp").write_bytes(bytes(1500))
+    args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--total-timesteps", "300"]
+    assert main(args) == 0
+    start = capsys.readouterr().out.splitlines()[0]
+    assert start.endswith("; removed 1 partial checkpoint file (2 kB)")
+    assert [p.name for p in folder.iterdir()] == ["step_000000000300.pt"]
+    for name in (".step_000000000400.abcdefgh.tmp", ".step_000000000500.01234567.tmp"):
+        (folder / name).write_bytes(bytes(2_500_000))
+    (folder / "notes.tmp").write_bytes(b"not ours")  # kept: not a checkpoint's temporary file
+    assert main(["--resume", str(run_dir), "--total-timesteps", "400"]) == 0
+    start = capsys.readouterr().out.splitlines()[0]
+    assert start.endswith("; resumed at step 300; removed 2 partial checkpoint files (5 MB)")
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "notes.tmp", "step_000000000300.pt", "step_000000000400.pt"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import os
 import subprocess
 import sys
 import warnings
@@ -327,3 +328,57 @@ def test_no_progress_prints_the_start_and_final_lines_only(
                         r"updates and 0 of 120 actor updates; "
                         rf"logs in {re.escape(str(tmp_path / 'quiet'))}",
                         lines[2]), lines[2]
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (["--total-timesteps", "400", "--learning-starts", "400"],
+         "error: --learning-starts 400 is not below --total-timesteps 400: the run would end "
+         "before its first update; lower --learning-starts or raise --total-timesteps\n"),
+        (["--batch-size", "64", "--buffer-size", "32"],
+         "error: --batch-size 64 is above --buffer-size 32: the replay buffer could never hold "
+         "one batch, so no update would run; lower --batch-size or raise --buffer-size\n"),
+    ],
+)
+def test_a_run_that_could_never_update_exits_2(args: list[str], line: str, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Once these ran to exit 0 after zero updates and saved untrained networks."""
+    assert main(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), "--run-name", "never",
+                 *SHORT, *args]) == 2
+    assert capsys.readouterr().err == line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_shortest_run_allowed_makes_its_update(tmp_path: Path) -> None:
+    """One step past --learning-starts, with exactly one batch stored: the refusals above are
+    not stricter than the loop."""
+    summary = train(load_config(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), *SHORT,
+                                 "--run-name", "one", "--total-timesteps", "151",
+                                 "--batch-size", "150", "--buffer-size", "150"]))
+    assert summary["global_step"] == 151
+    assert load_checkpoint(tmp_path / "one")["agent"]["updates"] == 1
+
+
+def test_a_run_named_by_the_clock_is_owned_while_it_trains(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its folder is claimed atomically, and then locked like any other: a --resume of it
+    during the run is refused."""
+    from rl_graphstep.checkpoint import RunLock
+    from rl_graphstep.errors import RunFolderError
+
+    refused: list[str] = []
+    log = train_module._log
+
+    def log_and_try_to_own(logger: Any, *args: Any, **kwargs: Any) -> None:
+        with pytest.raises(RunFolderError) as info, RunLock(logger.run_dir):
+            pass
+        refused.append(str(info.value))
+        log(logger, *args, **kwargs)
+
+    monkeypatch.setattr(train_module, "_log", log_and_try_to_own)
+    summary = train(load_config(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), *SHORT]))
+    run_dir = Path(summary["run_dir"])
+    assert run_dir.name.startswith("Pendulum-v1__sac__1__")
+    assert refused == [f"{run_dir} is in use by another training (pid {os.getpid()}); wait for "
+                       "it to end or pick another --run-name"] * 4  # steps 100 to 400
+    assert not (run_dir / ".lock").exists()
