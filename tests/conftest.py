@@ -1,12 +1,24 @@
-"""Shared test set-up: `cuda` tests skip cleanly on a machine without a GPU, and `slow` tests
-(minutes of training) run without the stack dump of `faulthandler_timeout`."""
+"""Shared test set-up: one intra-op thread, `cuda` tests skip cleanly on a machine without a
+GPU, and `slow` tests (minutes of training) run without the stack dump of
+`faulthandler_timeout`."""
 
 from __future__ import annotations
 
 import faulthandler
+import os
 
 import pytest
 import torch
+
+from rl_graphstep.threads import THREAD_VARIABLES
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The tests' updates are small; with torch's thread per core, the idle workers spinning
+    # against other processes made them several times slower on a busy machine, as in
+    # training (rl_graphstep/threads.py). A count the user set in the environment is kept.
+    if not any(os.environ.get(name, "").strip() for name in THREAD_VARIABLES):
+        torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
