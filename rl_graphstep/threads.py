@@ -24,8 +24,14 @@ _IMPORT_COUNT = torch.get_num_threads()
 def user_chose_threads() -> bool:
     """Whether the thread count is the user's choice: an environment variable above, or
     ``torch.set_num_threads`` called since rl_graphstep was imported."""
-    return (any(os.environ.get(name, "").strip() for name in THREAD_VARIABLES)
+    return (any(_positive_int(os.environ.get(name, "")) for name in THREAD_VARIABLES)
             or torch.get_num_threads() != _IMPORT_COUNT)
+
+
+def _positive_int(text: str) -> bool:
+    # OpenMP ignores any other value ("abc", "0") with a warning of its own, and torch then
+    # starts with its default count: that was no choice of a count.
+    return text.strip().isdigit() and int(text) > 0
 
 
 def loop_thread_count(device: torch.device) -> int | None:

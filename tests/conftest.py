@@ -5,19 +5,18 @@ GPU, and `slow` tests (minutes of training) run without the stack dump of
 from __future__ import annotations
 
 import faulthandler
-import os
 
 import pytest
 import torch
 
-from rl_graphstep.threads import THREAD_VARIABLES
+from rl_graphstep.threads import user_chose_threads
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # The tests' updates are small; with torch's thread per core, the idle workers spinning
     # against other processes made them several times slower on a busy machine, as in
     # training (rl_graphstep/threads.py). A count the user set in the environment is kept.
-    if not any(os.environ.get(name, "").strip() for name in THREAD_VARIABLES):
+    if not user_chose_threads():
         torch.set_num_threads(1)
 
 

@@ -95,6 +95,12 @@ def test_cpu_training_runs_on_one_thread_and_gives_the_count_back(
         train(load_config(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), *SHORT]))
     assert seen == [1, 1] and torch.get_num_threads() == 2
 
+    # A value OpenMP rejects (it warns, and torch keeps its default) chose no count.
+    monkeypatch.setenv("OMP_NUM_THREADS", "abc")
+    with train_module.loop_threads(torch.device("cpu")):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2
+
 
 @pytest.mark.parametrize("chosen", ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "set_num_threads"])
 def test_cpu_training_keeps_a_thread_count_the_user_chose(
