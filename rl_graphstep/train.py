@@ -78,6 +78,7 @@ from rl_graphstep.nonfinite import (
     random_actions_for,
 )
 from rl_graphstep.plugins import build_network, check_actor, check_critic
+from rl_graphstep.threads import loop_thread_count
 
 NetworkSpec = str | type | nn.Module | None
 
@@ -264,16 +265,18 @@ def matmul_precision(cfg: Config) -> Iterator[None]:
 
 @contextlib.contextmanager
 def loop_threads(device: torch.device) -> Iterator[None]:
-    """One intra-op CPU thread while inside, when training on CUDA; the process's count is
-    restored after. There the host's torch work is a few tiny tensors per step, and the idle
-    worker threads made the loop's own Python and the env steps about 40% slower (measured
-    on an H200 host: HalfCheetah's step 215 -> 155 µs). On the CPU the updates themselves
-    use the threads, so nothing changes."""
-    if device.type != "cuda":
+    """One intra-op CPU thread while inside, unless on the CPU the user chose a count
+    (``threads.loop_thread_count``); the process's count is restored after. On CUDA the host's
+    torch work is a few tiny tensors, and the idle worker threads made the loop's own Python
+    and the env steps about 40% slower (measured on an H200 host: HalfCheetah's step 215 ->
+    155 µs). On the CPU, idle workers spinning against other processes made the small eager
+    updates several times slower on a busy machine (``benchmarks/cpu_threads.py``)."""
+    count = loop_thread_count(device)
+    if count is None:
         yield
         return
     previous = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch.set_num_threads(count)
     try:
         yield
     finally:

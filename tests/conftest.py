@@ -1,9 +1,23 @@
-"""Shared test set-up: `cuda` tests skip cleanly on a machine without a GPU."""
+"""Shared test set-up: one intra-op thread, `cuda` tests skip cleanly on a machine without a
+GPU, and `slow` tests (minutes of training) run without the stack dump of
+`faulthandler_timeout`."""
 
 from __future__ import annotations
 
+import faulthandler
+
 import pytest
 import torch
+
+from rl_graphstep.threads import user_chose_threads
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The tests' updates are small; with torch's thread per core, the idle workers spinning
+    # against other processes made them several times slower on a busy machine, as in
+    # training (rl_graphstep/threads.py). A count the user set in the environment is kept.
+    if not user_chose_threads():
+        torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -13,3 +27,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # pytest arms the timed dump before the test's setup and cancels it after its teardown; a
+    # learning run passes the timeout by design, and 80 lines of stack then read like a hang.
+    if "slow" in item.keywords:
+        faulthandler.cancel_dump_traceback_later()

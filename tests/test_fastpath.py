@@ -511,12 +511,12 @@ SHORT = ["--env", "Pendulum-v1", "--total-timesteps", "300", "--learning-starts"
 
 
 def test_updates_per_step_and_the_loop_summary(tmp_path: Path) -> None:
-    summary = train(load_config([*SHORT, "--updates-per-step", "3", "--log-dir",
-                                 str(tmp_path)]))
+    summary = train(load_config([*SHORT, "--updates-per-step", "3", "--total-timesteps", "150",
+                                 "--log-dir", str(tmp_path)]))
     from rl_graphstep.checkpoint import load_checkpoint
 
     agent = load_checkpoint(next(tmp_path.iterdir()))["agent"]
-    assert agent["updates"] == 3 * 200  # 200 learning iterations, 3 updates each
+    assert agent["updates"] == 3 * 50  # 50 learning iterations, 3 updates each
     assert summary["learning_sps"] > 0 and summary["host_us_per_iteration"] > 0
     assert summary["compile"] is False and summary["graph"] is False
 

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +61,61 @@ def test_the_cuda_loop_runs_on_one_cpu_thread_and_gives_the_count_back() -> None
     with pytest.raises(RuntimeError), train_module.loop_threads(torch.device("cuda")):
         raise RuntimeError("the loop failed")
     assert torch.get_num_threads() == previous
-    with train_module.loop_threads(torch.device("cpu")):  # CPU updates use the threads
-        assert torch.get_num_threads() == previous
+
+
+@pytest.fixture
+def torch_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No thread count chosen by the user (no OMP_NUM_THREADS, torch's count as at import),
+    two threads to start from; the process's count comes back after the test."""
+    from rl_graphstep import threads
+
+    before = torch.get_num_threads()
+    for name in threads.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    torch.set_num_threads(2)
+    monkeypatch.setattr(threads, "_IMPORT_COUNT", 2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_cpu_training_runs_on_one_thread_and_gives_the_count_back(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, torch_threads: None) -> None:
+    seen = []
+    monkeypatch.setattr(train_module, "seed_everything",
+                        lambda seed: seen.append(torch.get_num_threads()))
+    summary = train(load_config(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), *SHORT]))
+    assert summary["global_step"] == 400
+    assert seen == [1] and torch.get_num_threads() == 2
+
+    def fail(seed: int) -> None:
+        seen.append(torch.get_num_threads())
+        raise RuntimeError("the loop failed")
+
+    monkeypatch.setattr(train_module, "seed_everything", fail)
+    with pytest.raises(RuntimeError, match="the loop failed"):
+        train(load_config(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), *SHORT]))
+    assert seen == [1, 1] and torch.get_num_threads() == 2
+
+    # A value OpenMP rejects (it warns, and torch keeps its default) chose no count.
+    monkeypatch.setenv("OMP_NUM_THREADS", "abc")
+    with train_module.loop_threads(torch.device("cpu")):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("chosen", ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "set_num_threads"])
+def test_cpu_training_keeps_a_thread_count_the_user_chose(
+        chosen: str, monkeypatch: pytest.MonkeyPatch, torch_threads: None) -> None:
+    if chosen == "set_num_threads":
+        torch.set_num_threads(3)  # after rl_graphstep was imported
+    else:
+        monkeypatch.setenv(chosen, "2")
+    expected = torch.get_num_threads()
+    with train_module.loop_threads(torch.device("cpu")):
+        assert torch.get_num_threads() == expected
+    with train_module.loop_threads(torch.device("cuda")):  # the CUDA loop: one, always
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == expected
 
 
 def test_tf32_holds_for_the_run_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
