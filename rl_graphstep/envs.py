@@ -8,6 +8,7 @@ first observation of the next one, and the true final observation is in `infos["
 from __future__ import annotations
 
 import difflib
+import importlib
 import random
 from typing import Any
 
@@ -18,7 +19,7 @@ from gymnasium import error as gym_error
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
 from rl_graphstep.envworker import EnvWorker
-from rl_graphstep.errors import ConfigError, EnvError
+from rl_graphstep.errors import ConfigError, EnvError, user_location
 
 __all__ = [
     "EnvStepper",
@@ -47,6 +48,7 @@ def make_vec_env(
     """
     if num_envs < 1:
         raise ConfigError(f"num_envs must be at least 1, got {num_envs}")
+    import_env_module(env_id)
     try:
         if num_envs == 1 and not asynchronous:
             envs = OneEnvVector([lambda: gym.make(env_id)],
@@ -67,6 +69,10 @@ def make_vec_env(
         if isinstance(exc, gym_error.UnregisteredEnv) or env_id not in gym.envs.registry:
             raise EnvError(_unknown_env_message(env_id)) from exc
         raise
+    except Exception as exc:
+        # A registered env whose own code fails (a custom env's constructor): name it and
+        # the user's line rather than show gymnasium's frames.
+        raise EnvError(_failed_env_message(env_id, exc)) from exc
     envs.action_space.seed(seed)
     envs.single_action_space.seed(seed)
     return envs
@@ -94,6 +100,35 @@ class OneEnvVector(SyncVectorEnv):
         return (np.array([observation], dtype=self.single_observation_space.dtype),
                 np.array([reward], dtype=np.float64), np.array([terminated], dtype=np.bool_),
                 np.array([truncated], dtype=np.bool_), infos)
+
+
+def import_env_module(env_id: str) -> None:
+    """Import the module of a ``module:EnvId`` id (gymnasium would, unchecked), so that one
+    that is missing or fails to import is one line naming it and the import's error."""
+    if ":" not in env_id:
+        return
+    module, _, name = env_id.partition(":")
+    if not module or not name or ":" in name:
+        raise EnvError(f"environment id {env_id!r} must be EnvId or module:EnvId "
+                       "(one ':' between a module and a registered id)")
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # any error of the user's module, SyntaxError included
+        where = user_location(exc)
+        raise EnvError(f"cannot import module {module!r} of environment {env_id!r}: "
+                       f"{type(exc).__name__}: {_first_line(exc)}"
+                       + (f" (at {where})" if where else "")) from exc
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return " ".join(lines[0].split()) if lines else type(error).__name__
+
+
+def _failed_env_message(env_id: str, exc: Exception) -> str:
+    where = user_location(exc)
+    return (f"environment {env_id!r} could not be made: {type(exc).__name__}: "
+            f"{_first_line(exc)}" + (f" (at {where})" if where else ""))
 
 
 def _unknown_env_message(env_id: str) -> str:

@@ -11,6 +11,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+if __name__ == "__main__":
+    # Before the heavy imports below (seconds): a Ctrl-C during them is one line, exit 130.
+    from rl_graphstep.cli import startup_guard
+
+    startup_guard()
+
 import gymnasium as gym
 import numpy as np
 import torch
@@ -19,6 +25,7 @@ from torch import nn
 
 from rl_graphstep.algorithms import ALGORITHMS, ActorCritic
 from rl_graphstep.checkpoint import CHECKPOINT_DIR, find_checkpoint, load_checkpoint
+from rl_graphstep.cli import OneLineParser, end_startup_guard
 from rl_graphstep.config import Config, config_from_dict
 from rl_graphstep.envs import check_continuous_spaces, make_vec_env, scale_action, seed_everything
 from rl_graphstep.errors import (
@@ -192,8 +199,8 @@ def _run_episode(env: gym.Env, actor: nn.Module, algorithm: type[ActorCritic],
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The evaluation command line."""
-    parser = argparse.ArgumentParser(
+    """The evaluation command line (one-line errors, no abbreviated flags)."""
+    parser = OneLineParser(
         prog="python -m rl_graphstep.evaluate",
         description="Evaluate the latest checkpoint of a run with deterministic actions.",
     )
@@ -211,8 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry: one clear line and exit 2 on bad input, 130 on Ctrl-C."""
-    args = build_parser().parse_args(argv)
     try:
+        end_startup_guard()  # from here on a Ctrl-C is the KeyboardInterrupt handled below
+        args = build_parser().parse_args(argv)
         evaluate(args.run, episodes=args.episodes, seed=args.seed, device=args.device,
                  video=args.video)
     except RLGraphstepError as error:

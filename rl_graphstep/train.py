@@ -20,6 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+if __name__ == "__main__":
+    # Before the heavy imports below (seconds): a Ctrl-C during them is one line, exit 130.
+    from rl_graphstep.cli import startup_guard
+
+    startup_guard()
+
 import cloudpickle
 import gymnasium as gym
 import numpy as np
@@ -37,6 +43,7 @@ from rl_graphstep.checkpoint import (
     save_checkpoint,
     set_aside_later,
 )
+from rl_graphstep.cli import end_startup_guard
 from rl_graphstep.config import (
     Config,
     command_line_values,
@@ -527,6 +534,7 @@ def _log(logger: Logger, agent: ActorCritic, cfg: Config, progress: Progress, ba
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry: one clear line and exit 2 on bad input, 128+signal when stopped."""
     try:
+        end_startup_guard()  # from here on a Ctrl-C is the KeyboardInterrupt handled below
         given = command_line_values(argv)
         if given.get("resume"):
             state = load_checkpoint(given["resume"])
