@@ -51,6 +51,7 @@ __all__ = [
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
+    "networks_mismatch",
     "save_checkpoint",
     "set_aside_later",
 ]
@@ -315,3 +316,41 @@ def _check_run(state: Mapping[str, Any], shown: str, env_id: str | None, algo: s
     want_algo = have_algo if algo is None else algo
     raise CheckpointError(f"checkpoint {shown} is of {have_algo} on {have_env}, "
                           f"not {want_algo} on {want_env}")
+
+
+# The settings that shape the networks: resuming with any of them changed cannot load.
+_NETWORK_KEYS = ("hidden_sizes", "actor", "critic", "actor_kwargs", "critic_kwargs")
+
+
+def networks_mismatch(state: Mapping[str, Any], cfg: Any, error: BaseException) -> str:
+    """The line for a checkpoint whose agent state does not load into the networks ``cfg``
+    builds (a ``load_state_dict`` size mismatch): which flags differ from the checkpoint's
+    config, and that dropping them resumes. ``cfg`` is the run's ``Config``."""
+    saved = state["config"]
+    changed = [key for key in _NETWORK_KEYS
+               if key in saved and _plain(saved[key]) != _plain(getattr(cfg, key))]
+    shown = display_path(str(cfg.resume)) if getattr(cfg, "resume", None) else "the checkpoint"
+    if changed:
+        differ = "; ".join(f"--{key.replace('_', '-')} is {_show(getattr(cfg, key))} here, "
+                           f"{_show(saved[key])} in the checkpoint" for key in changed)
+        fix = "drop " + " and ".join(f"--{key.replace('_', '-')}" for key in changed)
+        return (f"the networks of {shown} do not match the ones this run builds ({differ}); "
+                f"{fix} to resume it")
+    return (f"the networks of {shown} do not match the ones this run builds "
+            f"({type(error).__name__}: {_one_line(error)}); resume with the run's own "
+            "network settings")
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists, so a Config's value compares equal to its saved YAML form."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value))
+    return "none" if value is None else str(value)

@@ -7,9 +7,12 @@ first observation of the next one, and the true final observation is in `infos["
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 import random
+import signal
+from collections.abc import Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -54,12 +57,13 @@ def make_vec_env(
             envs = OneEnvVector([lambda: gym.make(env_id)],
                                 autoreset_mode=AutoresetMode.SAME_STEP)
         else:
-            envs = gym.make_vec(
-                env_id,
-                num_envs=num_envs,
-                vectorization_mode="async" if asynchronous else "sync",
-                vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
-            )
+            with _children_ignore_ctrl_c():
+                envs = gym.make_vec(
+                    env_id,
+                    num_envs=num_envs,
+                    vectorization_mode="async" if asynchronous else "sync",
+                    vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+                )
     except gym_error.DependencyNotInstalled as exc:
         raise EnvError(_missing_dependency_message(env_id, exc)) from exc
     except gym_error.Error as exc:
@@ -100,6 +104,23 @@ class OneEnvVector(SyncVectorEnv):
         return (np.array([observation], dtype=self.single_observation_space.dtype),
                 np.array([reward], dtype=np.float64), np.array([terminated], dtype=np.bool_),
                 np.array([truncated], dtype=np.bool_), infos)
+
+
+@contextlib.contextmanager
+def _children_ignore_ctrl_c() -> Iterator[None]:
+    """Ignore SIGINT while the AsyncVectorEnv starts its workers, which inherit that (a
+    Python started with SIGINT ignored keeps it so): a Ctrl-C reaches the whole process
+    group, and a worker would die of it and print its traceback, while the training loop
+    finishes its step and saves. The loop's own handler is back afterwards."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: signals are not ours to set
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def import_env_module(env_id: str) -> None:

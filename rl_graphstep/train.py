@@ -40,6 +40,7 @@ from rl_graphstep.checkpoint import (
     FORMAT,
     list_checkpoints,
     load_checkpoint,
+    networks_mismatch,
     save_checkpoint,
     set_aside_later,
 )
@@ -63,8 +64,9 @@ from rl_graphstep.envs import (
     true_next_observations,
 )
 from rl_graphstep.envworker import EnvWorker
-from rl_graphstep.errors import ConfigError, RLGraphstepError
-from rl_graphstep.logger import Logger, claim_run_dir, run_name
+from rl_graphstep.errors import CheckpointError, ConfigError, RLGraphstepError
+from rl_graphstep.logger import Logger, check_run_dir, claim_run_dir, run_name
+from rl_graphstep.memory import allocation_errors, check_networks_fit
 from rl_graphstep.metrics import MetricSums
 from rl_graphstep.plugins import build_network, check_actor, check_critic
 
@@ -122,18 +124,29 @@ def make_networks(algorithm: type[ActorCritic], cfg: Config, observation_space: 
     ``cfg.actor``/``cfg.critic``, else the algorithm's defaults; each checked once on an
     example batch before any capture."""
     actor, critic = actor or cfg.actor, critic or cfg.critic
+    check_networks_fit(cfg, observation_space, action_space, device,
+                       default_actor=actor is None, default_critic=critic is None,
+                       num_critics=algorithm.num_critics)
+    with allocation_errors(device):
+        actor_net, critic_net = _build_networks(algorithm, cfg, observation_space,
+                                                action_space, device, actor, critic)
+    sizes = {"observation_size": observation_space.shape[0],
+             "action_size": action_space.shape[0], "device": device}
+    check_actor(actor_net, kind=algorithm.actor_kind, **sizes)
+    check_critic(critic_net, min_members=algorithm.num_critics, **sizes)
+    return actor_net, critic_net
+
+
+def _build_networks(algorithm: type[ActorCritic], cfg: Config, observation_space: gym.Space,
+                    action_space: gym.Space, device: torch.device, actor: NetworkSpec,
+                    critic: NetworkSpec) -> tuple[nn.Module, nn.Module]:
     actor_net = (build_network(actor, observation_space, action_space, cfg.actor_kwargs,
                                role="actor") if actor is not None
                  else algorithm.default_actor(observation_space, action_space, cfg))
     critic_net = (build_network(critic, observation_space, action_space, cfg.critic_kwargs,
                                 role="critic") if critic is not None
                   else algorithm.default_critic(observation_space, action_space, cfg))
-    actor_net, critic_net = actor_net.to(device), critic_net.to(device)
-    sizes = {"observation_size": observation_space.shape[0],
-             "action_size": action_space.shape[0], "device": device}
-    check_actor(actor_net, kind=algorithm.actor_kind, **sizes)
-    check_critic(critic_net, min_members=algorithm.num_critics, **sizes)
-    return actor_net, critic_net
+    return actor_net.to(device), critic_net.to(device)
 
 
 @contextlib.contextmanager
@@ -262,6 +275,7 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     resumed = (load_checkpoint(cfg.resume, env_id=cfg.env_id, algo=cfg.algo)
                if cfg.resume else None)
     run_dir = _run_dir(cfg)
+    check_run_dir(run_dir)
     # A folder named by the clock is claimed when the run starts logging (see below).
     by_clock = not cfg.resume and not cfg.run_name
     if resumed is None and not by_clock and list_checkpoints(run_dir):
@@ -304,8 +318,11 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
         run_dir = claim_run_dir(run_dir)
     bar = tqdm(total=cfg.total_timesteps, initial=progress.global_step,
                disable=not cfg.progress, unit="step", dynamic_ncols=True)
-    with Logger(run_dir, to_markdown_table(cfg), purge_step=purge_step) as logger, bar, \
-            stop_requests() as stops, contextlib.closing(envs):
+    # stop_requests first, so it is left last: a second Ctrl-C while the first one's
+    # checkpoint is saved, the envs closed or the logs flushed is noted, not raised.
+    with stop_requests() as stops, \
+            Logger(run_dir, to_markdown_table(cfg), purge_step=purge_step) as logger, bar, \
+            contextlib.closing(envs):
         bar.write(f"{run_dir}: {cfg.algo.upper()} on {cfg.env_id}, {device}; "
                   f"{buffer.describe()}"
                   + (f"; resumed at step {progress.global_step}" if resumed else "")
@@ -495,7 +512,10 @@ def _restore(state: dict[str, Any], agent: ActorCritic, buffer: ReplayBuffer,
              progress: Progress, envs: gym.vector.VectorEnv
              ) -> tuple[gym.vector.VectorEnv, np.ndarray]:
     """Put a checkpoint back: agent (before any capture), buffer, counters, RNG, envs."""
-    agent.load_state_dict(state["agent"])
+    try:
+        agent.load_state_dict(state["agent"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(networks_mismatch(state, agent.cfg, error)) from None
     if state.get("buffer") is not None:
         buffer.load_state_dict(state["buffer"])
     progress.global_step = int(state["global_step"])
