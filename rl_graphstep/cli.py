@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import re
 import signal
 import sys
@@ -33,9 +34,9 @@ class OneLineParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def flags(self) -> list[str]:
-        """Every ``--flag`` this parser knows."""
+        """Every ``--flag`` this parser knows but ``--help`` (no setting to suggest)."""
         return [flag for action in self._actions for flag in action.option_strings
-                if flag.startswith("--")]
+                if flag.startswith("--") and not isinstance(action, argparse._HelpAction)]
 
     def error(self, message: str) -> NoReturn:
         # Imported here: this module must not import torch (see startup_guard).
@@ -50,6 +51,8 @@ class OneLineParser(argparse.ArgumentParser):
         if invalid:
             kind = _KINDS.get(invalid["kind"], f"a valid {invalid['kind']}")
             return f"{invalid['flag']} must be {kind}, got {invalid['value']}"
+        message = message.replace(": expected one argument", " needs a value")
+        message = message.replace(": expected at least one argument", " needs one or more values")
         return " ".join(message.removeprefix("argument ").split())
 
     def _unknown(self, extras: list[str]) -> str:
@@ -64,10 +67,11 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def _interrupted_during_startup(_signum: int, _frame: FrameType | None) -> None:
-    print(STARTUP_INTERRUPTED, file=sys.stderr)
-    # SystemExit, not KeyboardInterrupt: it unwinds the imports under way without a traceback
-    # (the interpreter prints none for it) and exits 130, as a shell reports a Ctrl-C.
-    raise SystemExit(128 + signal.SIGINT)
+    print(STARTUP_INTERRUPTED, file=sys.stderr, flush=True)
+    # Out at once with 130, as a shell reports a Ctrl-C: nothing is written yet, and an
+    # exception raised here would surface inside whatever import is under way (an extension
+    # module's initialisation turns it into an unrelated error with a traceback).
+    os._exit(128 + signal.SIGINT)
 
 
 def startup_guard() -> None:

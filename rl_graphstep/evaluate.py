@@ -3,6 +3,12 @@ actions over a few episodes, from the run's latest checkpoint; optionally record
 
 from __future__ import annotations
 
+if __name__ == "__main__":
+    # Before every import below (torch takes seconds): a Ctrl-C during them is one line, exit 130.
+    from rl_graphstep.cli import startup_guard
+
+    startup_guard()
+
 import argparse
 import dataclasses
 import importlib.util
@@ -10,12 +16,6 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
-
-if __name__ == "__main__":
-    # Before the heavy imports below (seconds): a Ctrl-C during them is one line, exit 130.
-    from rl_graphstep.cli import startup_guard
-
-    startup_guard()
 
 import gymnasium as gym
 import numpy as np
@@ -26,7 +26,7 @@ from torch import nn
 from rl_graphstep.algorithms import ALGORITHMS, ActorCritic
 from rl_graphstep.checkpoint import CHECKPOINT_DIR, find_checkpoint, load_checkpoint
 from rl_graphstep.cli import OneLineParser, end_startup_guard
-from rl_graphstep.config import Config, config_from_dict
+from rl_graphstep.config import SEED_MAX, Config, config_from_dict
 from rl_graphstep.envs import check_continuous_spaces, make_vec_env, scale_action, seed_everything
 from rl_graphstep.errors import (
     CheckpointError,
@@ -78,6 +78,9 @@ def evaluate(run_dir: Path | str, episodes: int = 10, seed: int = 0, device: str
         raise ConfigError(f"--episodes must be a positive int, got {episodes}")
     if seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {seed}")
+    if seed > SEED_MAX:
+        raise ConfigError(f"--seed must be at most {SEED_MAX} (2**32 - 1, numpy's seed "
+                          f"range), got {seed}")
     checkpoint = find_checkpoint(run_dir)
     state = load_checkpoint(checkpoint)
     cfg = config_from_dict(state["config"], source=f"checkpoint {display_path(str(checkpoint))}")

@@ -7,6 +7,12 @@ checkpoint. Ctrl-C and SIGTERM finish the current step, save a checkpoint and fl
 
 from __future__ import annotations
 
+if __name__ == "__main__":
+    # Before every import below (torch takes seconds): a Ctrl-C during them is one line, exit 130.
+    from rl_graphstep.cli import startup_guard
+
+    startup_guard()
+
 import contextlib
 import gc
 import pickle
@@ -19,12 +25,6 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-if __name__ == "__main__":
-    # Before the heavy imports below (seconds): a Ctrl-C during them is one line, exit 130.
-    from rl_graphstep.cli import startup_guard
-
-    startup_guard()
 
 import cloudpickle
 import gymnasium as gym
