@@ -200,6 +200,14 @@ def find_checkpoint(run_dir_or_file: Path | str) -> Path:
     Raises:
         CheckpointError: the path does not exist, or the folder holds no checkpoints.
     """
+    text = str(run_dir_or_file)
+    if not text.strip():
+        raise CheckpointError("no run given: give a run folder (such as runs/<run name>) or a "
+                              ".pt checkpoint")
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        # Printed as is, a newline would split the one-line message; NUL is no path at all.
+        raise CheckpointError(f"run folder {text!r} must not contain control characters "
+                              "such as NUL or a newline")
     path = Path(run_dir_or_file)
     shown = display_path(str(path))
     if path.is_file():

@@ -29,6 +29,7 @@ __all__ = [
     "EpisodeStatistics",
     "OneEnvVector",
     "check_continuous_spaces",
+    "first_reset",
     "make_vec_env",
     "scale_action",
     "seed_everything",
@@ -80,6 +81,17 @@ def make_vec_env(
     envs.action_space.seed(seed)
     envs.single_action_space.seed(seed)
     return envs
+
+
+def first_reset(envs: VectorEnv | EnvWorker, seed: int) -> np.ndarray:
+    """The first observations, from ``envs.reset(seed=seed)``; a custom env whose reset
+    fails is one line naming the error and the user's line."""
+    try:
+        observations, _ = envs.reset(seed=seed)
+    except Exception as exc:
+        raise EnvError(f"the environment's reset raised {type(exc).__name__}: "
+                       f"{_first_line(exc)}" + _at_user_line(exc)) from exc
+    return observations
 
 
 class OneEnvVector(SyncVectorEnv):
@@ -135,10 +147,9 @@ def import_env_module(env_id: str) -> None:
     try:
         importlib.import_module(module)
     except Exception as exc:  # any error of the user's module, SyntaxError included
-        where = user_location(exc)
         raise EnvError(f"cannot import module {module!r} of environment {env_id!r}: "
-                       f"{type(exc).__name__}: {_first_line(exc)}"
-                       + (f" (at {where})" if where else "")) from exc
+                       f"{type(exc).__name__}: {_first_line(exc)}" + _at_user_line(exc)
+                       ) from exc
 
 
 def _first_line(error: BaseException) -> str:
@@ -146,10 +157,14 @@ def _first_line(error: BaseException) -> str:
     return " ".join(lines[0].split()) if lines else type(error).__name__
 
 
-def _failed_env_message(env_id: str, exc: Exception) -> str:
+def _at_user_line(exc: BaseException) -> str:
     where = user_location(exc)
+    return f" (at {where})" if where else ""
+
+
+def _failed_env_message(env_id: str, exc: Exception) -> str:
     return (f"environment {env_id!r} could not be made: {type(exc).__name__}: "
-            f"{_first_line(exc)}" + (f" (at {where})" if where else ""))
+            f"{_first_line(exc)}" + _at_user_line(exc))
 
 
 def _unknown_env_message(env_id: str) -> str:
@@ -285,7 +300,11 @@ class EnvStepper:
         if self._actions is None:
             raise RuntimeError("finish() without start(): hand the actions over first")
         actions, self._actions = self._actions, None
-        return self.envs.step(actions)
+        try:
+            return self.envs.step(actions)
+        except Exception as exc:  # the env's own code (a custom env's step) failed
+            raise EnvError(f"the environment's step raised {type(exc).__name__}: "
+                           f"{_first_line(exc)}" + _at_user_line(exc)) from exc
 
 
 def seed_everything(seed: int) -> None:

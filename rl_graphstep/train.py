@@ -56,6 +56,7 @@ from rl_graphstep.envs import (
     EnvStepper,
     EpisodeStatistics,
     check_continuous_spaces,
+    first_reset,
     make_vec_env,
     rng_state,
     scale_action,
@@ -305,7 +306,7 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     if cfg.env_worker:
         envs = EnvWorker(envs)
     if resumed is None:
-        observations, _ = envs.reset(seed=cfg.seed)
+        observations = first_reset(envs, cfg.seed)
 
     actions_pipe: ActionPipe | None = None  # built with the steps, at the first update
     stepper = EnvStepper(envs)

@@ -40,6 +40,25 @@ def bad_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "        raise RuntimeError('constructor boom')\n"
         "class NotModule:\n"
         "    pass\n")
+    (tmp_path / "broken_envs.py").write_text(
+        "import gymnasium as gym\n"
+        "import numpy as np\n"
+        "class Fails(gym.Env):\n"
+        "    observation_space = gym.spaces.Box(-1, 1, (3,), np.float32)\n"
+        "    action_space = gym.spaces.Box(-1, 1, (1,), np.float32)\n"
+        "    def __init__(self, where='init'):\n"
+        "        self.where = where\n"
+        "        if where == 'init':\n"
+        "            raise ValueError('constructor boom')\n"
+        "    def reset(self, *, seed=None, options=None):\n"
+        "        if self.where == 'reset':\n"
+        "            raise ValueError('reset boom')\n"
+        "        return np.zeros(3, np.float32), {}\n"
+        "    def step(self, action):\n"
+        "        raise ValueError('step boom')\n"
+        "for where in ('init', 'reset', 'step'):\n"
+        "    gym.register(f'Fails{where.title()}-v0', entry_point='broken_envs:Fails',\n"
+        "                 kwargs={'where': where})\n")
     for name, text in {"seed_huge": "seed: 1e30\n", "seed_int": "seed: 4294967296\n",
                        "lr_inf": "q_lr: .inf\n", "name_nul": 'run_name: "a\\0b"\n',
                        "envs_huge": "num_envs: 100000000\n"}.items():
@@ -55,6 +74,15 @@ BAD_TRAIN_INPUTS = [
     (["--env", "raises_on_import:Foo-v0"], "RuntimeError: boom at import (at "),
     (["--env", "bad_syntax:Foo-v0"], "SyntaxError: invalid syntax"),
     (["--env", "a:b:c"], "must be EnvId or module:EnvId"),
+    (["--env", "broken_envs:FailsInit-v0"],
+     "environment 'broken_envs:FailsInit-v0' could not be made: ValueError: constructor boom "
+     "(at broken_envs.py:9)"),
+    (["--env", "broken_envs:FailsReset-v0"],
+     "the environment's reset raised ValueError: reset boom (at "),
+    (["--env", "broken_envs:FailsStep-v0"],
+     "the environment's step raised ValueError: step boom (at "),
+    (["--resume", "a\x00b"], "run folder 'a\\x00b' must not contain control characters"),
+    (["--resume", "a\nb"], "run folder 'a\\nb' must not contain control characters"),
     (["--seed", "4294967296"],
      "--seed must be at most 4294967295 (2**32 - 1, numpy's seed range), got 4294967296"),
     (["--config", "seed_huge.yaml"], "seed must be at most 4294967295"),
@@ -111,7 +139,8 @@ def test_bad_train_input_is_one_line(args: list[str], message: str, bad_code: Pa
                                      capsys: pytest.CaptureFixture[str]) -> None:
     code = train.main([*SMALL, "--log-dir", str(bad_code / "runs"), *args])
     assert message in one_line_error(capsys, code)
-    assert not (bad_code / "runs").exists()  # nothing made
+    if "FailsStep" not in args[-1]:  # the env steps only in a run already logging
+        assert not (bad_code / "runs").exists()  # nothing made
 
 
 def test_help_still_works(capsys: pytest.CaptureFixture[str]) -> None:
@@ -163,9 +192,20 @@ def test_bad_evaluate_input_is_one_line(small_run: Path, args: list[str], messag
     assert message in one_line_error(capsys, code)
 
 
-def test_evaluate_without_a_run_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    code = evaluate.main([])
-    assert "the following arguments are required: RUN" in one_line_error(capsys, code)
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "the following arguments are required: RUN"),
+        ([""], "no run given: give a run folder"),
+        (["a\x00b"], "run folder 'a\\x00b' must not contain control characters"),
+        (["a\nb"], "run folder 'a\\nb' must not contain control characters"),
+        (["no/such/run"], "run folder no/such/run does not exist"),
+    ],
+)
+def test_evaluate_without_a_run_is_one_line(args: list[str], message: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    code = evaluate.main(args)
+    assert message in one_line_error(capsys, code)
 
 
 def test_memory_available_is_read_from_meminfo(tmp_path: Path) -> None:
