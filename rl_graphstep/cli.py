@@ -13,7 +13,7 @@ import sys
 from types import FrameType
 from typing import NoReturn
 
-__all__ = ["OneLineParser", "end_startup_guard", "startup_guard"]
+__all__ = ["OneLineParser", "end_startup_guard", "exit_quietly", "startup_guard"]
 
 STARTUP_INTERRUPTED = "stopped: interrupted during start-up"
 
@@ -86,3 +86,12 @@ def end_startup_guard() -> None:
     does nothing when :func:`startup_guard` was not installed."""
     if signal.getsignal(signal.SIGINT) is _interrupted_during_startup:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def exit_quietly(code: int) -> NoReturn:
+    """``sys.exit(code)`` for an entry's ``__main__`` path, where a Ctrl-C during the
+    interpreter's shutdown (atexit handlers, torch's library teardown, thread joins) ends
+    the process at once with ``code`` instead of printing a KeyboardInterrupt traceback:
+    ``main`` has already said in one line how the run ended."""
+    signal.signal(signal.SIGINT, lambda _signum, _frame: os._exit(code))
+    sys.exit(code)

@@ -44,7 +44,7 @@ from rl_graphstep.checkpoint import (
     save_checkpoint,
     set_aside_later,
 )
-from rl_graphstep.cli import end_startup_guard
+from rl_graphstep.cli import end_startup_guard, exit_quietly
 from rl_graphstep.config import (
     Config,
     command_line_values,
@@ -580,4 +580,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quietly(main())
