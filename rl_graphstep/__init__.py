@@ -1,14 +1,20 @@
 """rl_graphstep: off-policy actor-critic agents whose updates are captured as CUDA graphs."""
 
-from rl_graphstep.graphstep import (
-    CudaGraphAdaptationStep,
-    EagerAdaptationStep,
-    GradientTransform,
-    GradNormClip,
-    TensorLoss,
-    clip_grad_norm,
-    make_adaptation_step,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rl_graphstep.graphstep import (
+        CudaGraphAdaptationStep,
+        EagerAdaptationStep,
+        GradientTransform,
+        GradNormClip,
+        TensorLoss,
+        clip_grad_norm,
+        make_adaptation_step,
+    )
 
 __all__ = [
     "CudaGraphAdaptationStep",
@@ -20,3 +26,12 @@ __all__ = [
     "make_adaptation_step",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # Imported on first use, not with the package: `python -m rl_graphstep.train` imports the
+    # package before the entry module runs, and the entry can only turn a Ctrl-C during the
+    # seconds torch takes to import into one line once its own code is running.
+    if name in __all__:
+        return getattr(importlib.import_module("rl_graphstep.graphstep"), name)
+    raise AttributeError(f"module 'rl_graphstep' has no attribute {name!r}")

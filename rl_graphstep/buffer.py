@@ -8,7 +8,6 @@ on the device, so it can feed a captured step's static buffers without a host sy
 
 from __future__ import annotations
 
-import os
 import warnings
 from typing import Any, NamedTuple
 
@@ -17,6 +16,9 @@ import torch
 
 from rl_graphstep.errors import CaptureError, ConfigError
 from rl_graphstep.graphstep import capture_graph
+from rl_graphstep.memory import available_memory as _available_memory
+from rl_graphstep.memory import format_bytes as _format_bytes
+from rl_graphstep.memory import is_out_of_memory as _is_out_of_memory
 
 __all__ = ["BatchSampler", "ReplayBuffer", "Transition"]
 
@@ -35,29 +37,6 @@ class Transition(NamedTuple):
     rewards: torch.Tensor
     not_dones: torch.Tensor
     next_observations: torch.Tensor
-
-
-def _format_bytes(nbytes: int) -> str:
-    if nbytes < 1024:
-        return f"{nbytes} B"
-    for exponent, unit in ((3, "GiB"), (2, "MiB"), (1, "KiB")):
-        if nbytes >= 1024**exponent:
-            return f"{nbytes / 1024**exponent:.1f} {unit}"
-    raise AssertionError("unreachable")
-
-
-def _available_memory(device: torch.device) -> tuple[int, str] | None:
-    """Bytes a buffer on `device` may use and a phrase naming them; None if unknown."""
-    if device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
-        return free, f"{device} has {_format_bytes(free)} free"
-    if device.type == "cpu":
-        try:
-            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (AttributeError, ValueError, OSError):
-            return None  # no sysconf (Windows): let the allocation itself decide
-        return total, f"this machine has {_format_bytes(total)} of memory"
-    return None
 
 
 class ReplayBuffer:
@@ -97,7 +76,7 @@ class ReplayBuffer:
             # Name the actual GPU in messages and query its memory, not "cuda".
             device = torch.device("cuda", torch.cuda.current_device())
         self._check_fits(device)
-        self.storage = torch.zeros(self.capacity, self.row_size, dtype=dtype, device=device)
+        self.storage = self._allocate(device)
         # The storage's device, so a bare "cuda" reads back as "cuda:0".
         self.device = self.storage.device
         self._position = 0  # the row the next add writes first
@@ -121,13 +100,27 @@ class ReplayBuffer:
         available = _available_memory(device)
         if available is None or needed <= available[0]:
             return
-        free, where = available
+        raise self._too_big(*available)
+
+    def _too_big(self, free: int, where: str) -> ConfigError:
+        needed = self.capacity * self.row_size * self.dtype.itemsize
         fitting = free // (self.row_size * self.dtype.itemsize)
-        raise ConfigError(
+        return ConfigError(
             f"replay buffer of {self.capacity:,} rows x {self.row_size} needs "
             f"{needed / 2**30:.1f} GiB but {where}; "
             f"use a smaller --buffer-size (at most {fitting:,} fit)"
         )
+
+    def _allocate(self, device: torch.device) -> torch.Tensor:
+        """The zeroed storage; an allocation that fails after all (memory taken meanwhile,
+        or a limit the check cannot see) is the same one line as a failed check."""
+        try:
+            return torch.zeros(self.capacity, self.row_size, dtype=self.dtype, device=device)
+        except (MemoryError, RuntimeError) as error:  # torch.OutOfMemoryError is a RuntimeError
+            if not _is_out_of_memory(error):
+                raise
+            free, where = _available_memory(device) or (0, f"{device} has too little memory")
+            raise self._too_big(free, f"{where} and the allocation failed") from None
 
     def __len__(self) -> int:
         """Rows filled so far (at most `capacity`)."""

@@ -67,6 +67,7 @@ __all__ = [
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
+    "networks_mismatch",
     "remove_partial_saves",
     "save_checkpoint",
     "set_aside_later",
@@ -221,6 +222,14 @@ def find_checkpoint(run_dir_or_file: Path | str) -> Path:
     Raises:
         CheckpointError: the path does not exist, or the folder holds no checkpoints.
     """
+    text = str(run_dir_or_file)
+    if not text.strip():
+        raise CheckpointError("no run given: give a run folder (such as runs/<run name>) or a "
+                              ".pt checkpoint")
+    if any(ord(c) < 32 or ord(c) == 127 for c in text):
+        # Printed as is, a newline would split the one-line message; NUL is no path at all.
+        raise CheckpointError(f"run folder {text!r} must not contain control characters "
+                              "such as NUL or a newline")
     path = Path(run_dir_or_file)
     shown = display_path(str(path))
     if path.is_file():
@@ -495,3 +504,43 @@ def remove_partial_saves(run_dir: Path | str) -> PartialSaves:
             continue
         files, size = files + 1, size + bytes_
     return PartialSaves(files, size)
+
+
+# The settings that shape the networks: resuming with any of them changed cannot load.
+_NETWORK_KEYS = ("hidden_sizes", "actor", "critic", "actor_kwargs", "critic_kwargs")
+
+
+def networks_mismatch(state: Mapping[str, Any], cfg: Any, error: BaseException,
+                      built: str = "the networks") -> str:
+    """The line for a checkpoint whose agent state does not load into the networks ``cfg``
+    builds (a ``load_state_dict`` size mismatch): which flags differ from the checkpoint's
+    config, and that dropping them resumes; else what was ``built`` and the error.
+    ``cfg`` is the run's ``Config``."""
+    saved = state["config"]
+    changed = [key for key in _NETWORK_KEYS
+               if key in saved and _plain(saved[key]) != _plain(getattr(cfg, key))]
+    shown = display_path(str(cfg.resume)) if getattr(cfg, "resume", None) else "the checkpoint"
+    if changed:
+        differ = "; ".join(f"--{key.replace('_', '-')} is {_show(getattr(cfg, key))} here, "
+                           f"{_show(saved[key])} in the checkpoint" for key in changed)
+        fix = "drop " + " and ".join(f"--{key.replace('_', '-')}" for key in changed)
+        return (f"the networks of {shown} do not match the ones this run builds ({differ}); "
+                f"{fix} to resume it")
+    return (f"the saved networks of {shown} do not fit {built} this run built "
+            f"({type(error).__name__}: {_one_line(error)}); resume with the networks and "
+            "kwargs the run was trained with")
+
+
+def _plain(value: Any) -> Any:
+    """Tuples as lists, so a Config's value compares equal to its saved YAML form."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return " ".join(map(str, value))
+    return "none" if value is None else str(value)

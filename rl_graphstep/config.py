@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from rl_graphstep.cli import OneLineParser
 from rl_graphstep.errors import ConfigError
 
 if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11+; the package supports 3.10
@@ -262,6 +263,36 @@ def _spec_problem(value: str) -> str | None:
     return None
 
 
+# numpy's legacy global seeding (np.random.seed) takes [0, 2**32 - 1]; torch sizes and
+# counts are int64.
+SEED_MAX = 2**32 - 1
+INT_MAX = 2**63 - 1
+# More environments than this is a typo: each is an object (or a process) of its own.
+MAX_NUM_ENVS = 4096
+_STRINGS = ("env_id", "log_dir", "run_name", "resume", "actor", "critic")
+
+
+def _limit_problem(name: str, value: Any) -> str | None:
+    """Values that pass the field's own check but that numpy, torch or the file system
+    cannot take: seeds and counts out of range, infinite rates, unusable names."""
+    if name == "seed" and value > SEED_MAX:
+        return f"must be at most {SEED_MAX} (2**32 - 1, numpy's seed range), got {value}"
+    if name in (*_POSITIVE_INTS, "learning_starts") and value > INT_MAX:
+        return f"must be at most {INT_MAX} (2**63 - 1), got {value}"
+    if name == "num_envs" and value > MAX_NUM_ENVS:
+        return f"must be at most {MAX_NUM_ENVS}, got {value}"
+    if name in ("policy_lr", "q_lr") and not math.isfinite(value):
+        return f"must be a finite number > 0, got {value!r}"
+    if name in _STRINGS and isinstance(value, str):
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            return f"must not contain control characters such as NUL or a newline, got {value!r}"
+        if name == "resume" and not value.strip():
+            return "must not be empty: give a run folder or a checkpoint file"
+        if name == "run_name" and ("/" in value or "\\" in value or value in (".", "..")):
+            return f"must be one folder name (no / or \\, not . or ..), got {value!r}"
+    return None
+
+
 def _value_problem(name: str, value: Any) -> str | None:
     """What is wrong with one (already well-typed) value, or None when it is fine."""
     if name in _CHOICES and value not in _CHOICES[name]:
@@ -288,7 +319,7 @@ def _value_problem(name: str, value: Any) -> str | None:
         return _spec_problem(value)
     if name in ("env_id", "log_dir", "run_name") and value == "":
         return "must not be empty"
-    return None
+    return _limit_problem(name, value)
 
 
 # ----------------------------------------------------------------------------- typed values
@@ -463,7 +494,8 @@ def read_config_file(path: Path | Traversable | str) -> dict[str, Any]:
 def build_parser(shown: ShownDefaults | None = None) -> argparse.ArgumentParser:
     """One --kebab-case flag per Config field; flags not given stay absent from the namespace.
     ``shown``: the defaults the help texts give (the built-in ones when None)."""
-    parser = argparse.ArgumentParser(
+    # Mistakes raise one ConfigError line; no abbreviations (--learning is no --learning-starts).
+    parser = OneLineParser(
         prog="python -m rl_graphstep.train",
         description="Train an off-policy actor-critic agent with CUDA-graph-captured updates."
         + (f" {shown.note}" if shown else ""),

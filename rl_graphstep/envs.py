@@ -7,8 +7,12 @@ first observation of the next one, and the true final observation is in `infos["
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import importlib
 import random
+import signal
+from collections.abc import Iterator
 from typing import Any
 
 import gymnasium as gym
@@ -18,13 +22,14 @@ from gymnasium import error as gym_error
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
 from rl_graphstep.envworker import EnvWorker
-from rl_graphstep.errors import ConfigError, EnvError
+from rl_graphstep.errors import ConfigError, EnvError, user_location
 
 __all__ = [
     "EnvStepper",
     "EpisodeStatistics",
     "OneEnvVector",
     "check_continuous_spaces",
+    "first_reset",
     "make_vec_env",
     "scale_action",
     "seed_everything",
@@ -47,17 +52,19 @@ def make_vec_env(
     """
     if num_envs < 1:
         raise ConfigError(f"num_envs must be at least 1, got {num_envs}")
+    import_env_module(env_id)
     try:
         if num_envs == 1 and not asynchronous:
             envs = OneEnvVector([lambda: gym.make(env_id)],
                                 autoreset_mode=AutoresetMode.SAME_STEP)
         else:
-            envs = gym.make_vec(
-                env_id,
-                num_envs=num_envs,
-                vectorization_mode="async" if asynchronous else "sync",
-                vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
-            )
+            with _children_ignore_ctrl_c():
+                envs = gym.make_vec(
+                    env_id,
+                    num_envs=num_envs,
+                    vectorization_mode="async" if asynchronous else "sync",
+                    vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
+                )
     except gym_error.DependencyNotInstalled as exc:
         raise EnvError(_missing_dependency_message(env_id, exc)) from exc
     except gym_error.Error as exc:
@@ -67,9 +74,24 @@ def make_vec_env(
         if isinstance(exc, gym_error.UnregisteredEnv) or env_id not in gym.envs.registry:
             raise EnvError(_unknown_env_message(env_id)) from exc
         raise
+    except Exception as exc:
+        # A registered env whose own code fails (a custom env's constructor): name it and
+        # the user's line rather than show gymnasium's frames.
+        raise EnvError(_failed_env_message(env_id, exc)) from exc
     envs.action_space.seed(seed)
     envs.single_action_space.seed(seed)
     return envs
+
+
+def first_reset(envs: VectorEnv | EnvWorker, seed: int) -> np.ndarray:
+    """The first observations, from ``envs.reset(seed=seed)``; a custom env whose reset
+    fails is one line naming the error and the user's line."""
+    try:
+        observations, _ = envs.reset(seed=seed)
+    except Exception as exc:
+        raise EnvError(f"the environment's reset raised {type(exc).__name__}: "
+                       f"{_first_line(exc)}" + _at_user_line(exc)) from exc
+    return observations
 
 
 class OneEnvVector(SyncVectorEnv):
@@ -94,6 +116,55 @@ class OneEnvVector(SyncVectorEnv):
         return (np.array([observation], dtype=self.single_observation_space.dtype),
                 np.array([reward], dtype=np.float64), np.array([terminated], dtype=np.bool_),
                 np.array([truncated], dtype=np.bool_), infos)
+
+
+@contextlib.contextmanager
+def _children_ignore_ctrl_c() -> Iterator[None]:
+    """Ignore SIGINT while the AsyncVectorEnv starts its workers, which inherit that (a
+    Python started with SIGINT ignored keeps it so): a Ctrl-C reaches the whole process
+    group, and a worker would die of it and print its traceback, while the training loop
+    finishes its step and saves. The loop's own handler is back afterwards."""
+    try:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: signals are not ours to set
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def import_env_module(env_id: str) -> None:
+    """Import the module of a ``module:EnvId`` id (gymnasium would, unchecked), so that one
+    that is missing or fails to import is one line naming it and the import's error."""
+    if ":" not in env_id:
+        return
+    module, _, name = env_id.partition(":")
+    if not module or not name or ":" in name:
+        raise EnvError(f"environment id {env_id!r} must be EnvId or module:EnvId "
+                       "(one ':' between a module and a registered id)")
+    try:
+        importlib.import_module(module)
+    except Exception as exc:  # any error of the user's module, SyntaxError included
+        raise EnvError(f"cannot import module {module!r} of environment {env_id!r}: "
+                       f"{type(exc).__name__}: {_first_line(exc)}" + _at_user_line(exc)
+                       ) from exc
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return " ".join(lines[0].split()) if lines else type(error).__name__
+
+
+def _at_user_line(exc: BaseException) -> str:
+    where = user_location(exc)
+    return f" (at {where})" if where else ""
+
+
+def _failed_env_message(env_id: str, exc: Exception) -> str:
+    return (f"environment {env_id!r} could not be made: {type(exc).__name__}: "
+            f"{_first_line(exc)}" + _at_user_line(exc))
 
 
 def _unknown_env_message(env_id: str) -> str:
@@ -229,7 +300,11 @@ class EnvStepper:
         if self._actions is None:
             raise RuntimeError("finish() without start(): hand the actions over first")
         actions, self._actions = self._actions, None
-        return self.envs.step(actions)
+        try:
+            return self.envs.step(actions)
+        except Exception as exc:  # the env's own code (a custom env's step) failed
+            raise EnvError(f"the environment's step raised {type(exc).__name__}: "
+                           f"{_first_line(exc)}" + _at_user_line(exc)) from exc
 
 
 def seed_everything(seed: int) -> None:

@@ -4,6 +4,7 @@ helpers that point such a line at the user's own code."""
 from __future__ import annotations
 
 import os
+import sysconfig
 import traceback
 from pathlib import Path
 
@@ -35,12 +36,26 @@ _LIBRARY_DIRS = tuple(
     os.path.realpath(folder) + os.sep
     for folder in (os.path.dirname(torch.__file__), os.path.dirname(__file__))
 )
+# The interpreter's standard library (importlib's frames, say) is not the user's either; its
+# site-packages, which may lie inside it, can be.
+_STDLIB_DIR = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
+_PACKAGE_DIRS = tuple(os.path.realpath(sysconfig.get_paths()[key]) + os.sep
+                      for key in ("purelib", "platlib"))
+
+
+def _is_library(filename: str) -> bool:
+    path = os.path.realpath(filename)
+    return path.startswith(_LIBRARY_DIRS) or (
+        path.startswith(_STDLIB_DIR) and not path.startswith(_PACKAGE_DIRS))
 
 
 def user_frame(error: BaseException) -> traceback.FrameSummary | None:
     """The innermost frame of ``error``'s traceback outside torch and rl_graphstep."""
     for frame in reversed(traceback.extract_tb(error.__traceback__)):
-        if not os.path.realpath(frame.filename).startswith(_LIBRARY_DIRS):
+        # "<frozen importlib._bootstrap>" and the like are the interpreter's, not a file.
+        if frame.filename.startswith("<"):
+            continue
+        if not _is_library(frame.filename):
             return frame
     return None
 

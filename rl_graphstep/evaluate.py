@@ -3,6 +3,12 @@ actions over a few episodes, from the run's latest checkpoint; optionally record
 
 from __future__ import annotations
 
+if __name__ == "__main__":
+    # Before every import below (torch takes seconds): a Ctrl-C during them is one line, exit 130.
+    from rl_graphstep.cli import startup_guard
+
+    startup_guard()
+
 import argparse
 import dataclasses
 import importlib.util
@@ -19,7 +25,8 @@ from torch import nn
 
 from rl_graphstep.algorithms import ALGORITHMS, ActorCritic
 from rl_graphstep.checkpoint import CHECKPOINT_DIR, find_checkpoint, load_checkpoint
-from rl_graphstep.config import Config, config_from_dict
+from rl_graphstep.cli import OneLineParser, end_startup_guard, exit_quietly
+from rl_graphstep.config import SEED_MAX, Config, config_from_dict
 from rl_graphstep.envs import check_continuous_spaces, make_vec_env, scale_action, seed_everything
 from rl_graphstep.errors import (
     CheckpointError,
@@ -79,6 +86,9 @@ def evaluate(run_dir: Path | str, episodes: int = 10, seed: int = 0, device: str
         raise ConfigError(f"--episodes must be a positive int, got {episodes}")
     if seed < 0:
         raise ConfigError(f"--seed must be >= 0, got {seed}")
+    if seed > SEED_MAX:
+        raise ConfigError(f"--seed must be at most {SEED_MAX} (2**32 - 1, numpy's seed "
+                          f"range), got {seed}")
     checkpoint = find_checkpoint(run_dir)
     state = load_checkpoint(checkpoint)
     cfg = config_from_dict(state["config"], source=f"checkpoint {display_path(str(checkpoint))}")
@@ -210,8 +220,8 @@ def _run_episode(env: gym.Env, actor: nn.Module, algorithm: type[ActorCritic],
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The evaluation command line."""
-    parser = argparse.ArgumentParser(
+    """The evaluation command line (one-line errors, no abbreviated flags)."""
+    parser = OneLineParser(
         prog="python -m rl_graphstep.evaluate",
         description="Evaluate the latest checkpoint of a run with deterministic actions.",
     )
@@ -229,8 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry: one clear line and exit 2 on bad input, 130 on Ctrl-C."""
-    args = build_parser().parse_args(argv)
     try:
+        end_startup_guard()  # from here on a Ctrl-C is the KeyboardInterrupt handled below
+        args = build_parser().parse_args(argv)
         evaluate(args.run, episodes=args.episodes, seed=args.seed, device=args.device,
                  video=args.video)
     except RLGraphstepError as error:
@@ -243,4 +254,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quietly(main())

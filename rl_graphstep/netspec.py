@@ -34,14 +34,13 @@ import torch
 from torch import nn
 
 from rl_graphstep.config import Config
-from rl_graphstep.errors import CheckpointError, display_path
+from rl_graphstep.errors import display_path
 from rl_graphstep.plugins import NetworkSpec, _is_file_path
 
 __all__ = [
     "NETWORKS_DIR",
     "class_spec",
     "describe_networks",
-    "load_agent_state",
     "networks_of_run",
     "record_networks",
     "run_relative",
@@ -268,22 +267,3 @@ def _warn_if_trained_before(network: nn.Module, role: str, *, warn: bool) -> Non
 def describe_networks(words: str) -> str:
     """The start line's part naming the custom networks, ``""`` without any."""
     return f"; {words}" if words else ""
-
-
-# --------------------------------------------------------------------------------------------
-# Loading the saved weights
-# --------------------------------------------------------------------------------------------
-
-
-def load_agent_state(agent: Any, state: dict[str, Any], checkpoint: str) -> None:
-    """``agent.load_state_dict(state)``, with a network that does not fit its saved weights
-    reported as one line (a resumed run built other networks than it was trained with)."""
-    try:
-        agent.load_state_dict(state)
-    except (RuntimeError, KeyError, ValueError) as error:
-        first = " ".join(str(error).split())[:300]
-        actor, critic = type(agent.actor).__name__, type(agent.critic).__name__
-        raise CheckpointError(
-            f"{checkpoint}: the saved networks do not fit the actor {actor} and critic "
-            f"{critic} this run built ({first}); resume with the networks and kwargs the run "
-            f"was trained with") from None

@@ -124,6 +124,16 @@ def _import_module(spec: str, module_name: str) -> Any:
         raise ConfigError(
             f"cannot import module {module_name!r} for {spec!r}: {error}{hint}"
         ) from error
+    except Exception as error:  # the module's own code failed (a SyntaxError, say)
+        raise ConfigError(
+            f"cannot import module {module_name!r} for {spec!r}: {_raised(error)}"
+        ) from error
+
+
+def _raised(error: BaseException) -> str:
+    """``RuntimeError: boom (at nets.py:3)``: the error's first line and the user's line."""
+    where = user_location(error)
+    return f"{type(error).__name__}: {_first_line(error)}" + (f" (at {where})" if where else "")
 
 
 def _import_from_here(module_name: str) -> Any:
@@ -160,6 +170,10 @@ def _module_from_file(spec: str, location: str) -> Any:
     except ImportError as error:
         del sys.modules[name]
         raise ConfigError(f"cannot import {location!r} for {spec!r}: {error}") from error
+    except Exception as error:  # the file's own code failed (a SyntaxError, say)
+        del sys.modules[name]
+        raise ConfigError(f"cannot import {location!r} for {spec!r}: "
+                          f"{_raised(error)}") from error
     except BaseException:
         del sys.modules[name]
         raise
@@ -234,6 +248,9 @@ def build_network(
             f"(observation_space, action_space, **kwargs){given}; "
             f"TypeError: {_first_line(error)}"
         ) from error
+    except Exception as error:  # the constructor's own code failed
+        raise ConfigError(f"{role}: cannot build {cls.__qualname__}: {_raised(error)}"
+                          ) from error
     return network
 
 

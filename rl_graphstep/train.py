@@ -7,6 +7,12 @@ checkpoint. Ctrl-C and SIGTERM finish the current step, save a checkpoint and fl
 
 from __future__ import annotations
 
+if __name__ == "__main__":
+    # Before every import below (torch takes seconds): a Ctrl-C during them is one line, exit 130.
+    from rl_graphstep.cli import startup_guard
+
+    startup_guard()
+
 import contextlib
 import gc
 import pickle
@@ -36,10 +42,12 @@ from rl_graphstep.checkpoint import (
     find_checkpoint,
     list_checkpoints,
     load_checkpoint,
+    networks_mismatch,
     remove_partial_saves,
     save_checkpoint,
     set_aside_later,
 )
+from rl_graphstep.cli import end_startup_guard, exit_quietly
 from rl_graphstep.compiling import compile_pays, quiet_compiler, updates_ahead
 from rl_graphstep.config import (
     Config,
@@ -53,6 +61,7 @@ from rl_graphstep.envs import (
     EnvStepper,
     EpisodeStatistics,
     check_continuous_spaces,
+    first_reset,
     make_vec_env,
     rng_state,
     scale_action,
@@ -61,12 +70,12 @@ from rl_graphstep.envs import (
     true_next_observations,
 )
 from rl_graphstep.envworker import EnvWorker
-from rl_graphstep.errors import ConfigError, RLGraphstepError
-from rl_graphstep.logger import Logger, claim_run_dir, run_name
+from rl_graphstep.errors import CheckpointError, ConfigError, RLGraphstepError
+from rl_graphstep.logger import Logger, check_run_dir, claim_run_dir, run_name
+from rl_graphstep.memory import allocation_errors, check_networks_fit
 from rl_graphstep.metrics import MetricSums
 from rl_graphstep.netspec import (
     describe_networks,
-    load_agent_state,
     networks_of_run,
     record_networks,
 )
@@ -144,18 +153,29 @@ def make_networks(algorithm: type[ActorCritic], cfg: Config, observation_space: 
     ``cfg.actor``/``cfg.critic``, else the algorithm's defaults; each checked once on an
     example batch before any capture."""
     actor, critic = actor or cfg.actor, critic or cfg.critic
+    check_networks_fit(cfg, observation_space, action_space, device,
+                       default_actor=actor is None, default_critic=critic is None,
+                       num_critics=algorithm.num_critics)
+    with allocation_errors(device):
+        actor_net, critic_net = _build_networks(algorithm, cfg, observation_space,
+                                                action_space, device, actor, critic)
+    sizes = {"observation_size": observation_space.shape[0],
+             "action_size": action_space.shape[0], "device": device}
+    check_actor(actor_net, kind=algorithm.actor_kind, **sizes)
+    check_critic(critic_net, min_members=algorithm.num_critics, **sizes)
+    return actor_net, critic_net
+
+
+def _build_networks(algorithm: type[ActorCritic], cfg: Config, observation_space: gym.Space,
+                    action_space: gym.Space, device: torch.device, actor: NetworkSpec,
+                    critic: NetworkSpec) -> tuple[nn.Module, nn.Module]:
     actor_net = (build_network(actor, observation_space, action_space, cfg.actor_kwargs,
                                role="actor") if actor is not None
                  else algorithm.default_actor(observation_space, action_space, cfg))
     critic_net = (build_network(critic, observation_space, action_space, cfg.critic_kwargs,
                                 role="critic") if critic is not None
                   else algorithm.default_critic(observation_space, action_space, cfg))
-    actor_net, critic_net = actor_net.to(device), critic_net.to(device)
-    sizes = {"observation_size": observation_space.shape[0],
-             "action_size": action_space.shape[0], "device": device}
-    check_actor(actor_net, kind=algorithm.actor_kind, **sizes)
-    check_critic(critic_net, min_members=algorithm.num_critics, **sizes)
-    return actor_net, critic_net
+    return actor_net.to(device), critic_net.to(device)
 
 
 @contextlib.contextmanager
@@ -311,6 +331,7 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
 def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: NetworkSpec,
            owned: contextlib.ExitStack) -> dict[str, Any]:
     run_dir = _run_dir(cfg)
+    check_run_dir(run_dir)
     # A folder named by the clock is claimed when the run starts logging (see below).
     by_clock = not cfg.resume and not cfg.run_name
     # Owned before the checkpoint is read and anything is checked or written in the folder.
@@ -352,7 +373,7 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     if cfg.env_worker:
         envs = EnvWorker(envs)
     if resumed is None:
-        observations, _ = envs.reset(seed=cfg.seed)
+        observations = first_reset(envs, cfg.seed)
 
     actions_pipe: ActionPipe | None = None  # built with the steps, at the first update
     # A trained policy resumed without a batch in its buffer acts at once, eagerly, until the
@@ -378,8 +399,11 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     # A tqdm bar on a terminal, a periodic line in a file or a pipe (see ProgressDisplay).
     bar = ProgressDisplay(cfg.total_timesteps, progress.global_step, enabled=cfg.progress,
                           learning_starts=cfg.learning_starts)
-    with Logger(run_dir, to_markdown_table(cfg), purge_step=purge_step) as logger, bar, \
-            stop_requests() as stops, contextlib.closing(envs):
+    # stop_requests first, so it is left last: a second Ctrl-C while the first one's
+    # checkpoint is saved, the envs closed or the logs flushed is noted, not raised.
+    with stop_requests() as stops, \
+            Logger(run_dir, to_markdown_table(cfg), purge_step=purge_step) as logger, bar, \
+            contextlib.closing(envs):
         bar.write(f"{run_dir}: {cfg.algo.upper()} on {cfg.env_id}, {device}; "
                   f"{buffer.describe()}" + describe_networks(custom)
                   + (f"; resumed at step {progress.global_step}" if resumed else "")
@@ -597,7 +621,11 @@ def _restore(state: dict[str, Any], agent: ActorCritic, buffer: ReplayBuffer,
              progress: Progress, envs: gym.vector.VectorEnv
              ) -> tuple[gym.vector.VectorEnv, np.ndarray]:
     """Put a checkpoint back: agent (before any capture), buffer, counters, RNG, envs."""
-    load_agent_state(agent, state["agent"], f"the checkpoint at step {state['global_step']}")
+    try:
+        agent.load_state_dict(state["agent"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as error:
+        built = f"the actor {type(agent.actor).__name__} and critic {type(agent.critic).__name__}"
+        raise CheckpointError(networks_mismatch(state, agent.cfg, error, built)) from None
     if state.get("buffer") is not None:
         buffer.load_state_dict(state["buffer"])
     progress.global_step = int(state["global_step"])
@@ -649,6 +677,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry: one clear line and exit 2 on bad input, 128+signal when stopped,
     3 when the run finished but skipped most of its updates."""
     try:
+        end_startup_guard()  # from here on a Ctrl-C is the KeyboardInterrupt handled below
         given = command_line_values(argv)
         if given.get("resume"):
             state = load_checkpoint(given["resume"])
@@ -676,4 +705,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quietly(main())

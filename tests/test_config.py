@@ -267,11 +267,15 @@ def test_zero_alpha_is_fine_without_autotune() -> None:
     assert load_config(["--alpha", "0", "--no-autotune"]).alpha == 0.0
 
 
-def test_unknown_flag_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
-    with pytest.raises(SystemExit) as info:
+def test_unknown_flag_is_a_config_error_with_the_nearest_flag() -> None:
+    with pytest.raises(ConfigError, match=r"^unknown flag --batchsize \(did you mean "
+                                          r"--batch-size\?\)$"):
         load_config(["--batchsize", "3"])
-    assert info.value.code == 2
-    assert "unrecognized arguments: --batchsize" in capsys.readouterr().err
+
+
+def test_flags_are_never_abbreviated() -> None:
+    with pytest.raises(ConfigError, match="unknown flag --learning "):
+        load_config(["--learning", "0"])
 
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"

@@ -325,9 +325,8 @@ def test_a_built_module_that_its_class_cannot_rebuild(
     capsys.readouterr()
     assert main(["--resume", str(run), "--total-timesteps", "200"]) == 2
     line = one_error_line(capsys)
-    assert line.startswith("error: the checkpoint at step 150: the saved networks do not fit "
-                           "the actor SquashedGaussianActor and critic EnsembleCritic this "
-                           "run built (")
+    assert line.startswith(f"error: the saved networks of {run} do not fit the actor "
+                           "SquashedGaussianActor and critic EnsembleCritic this run built (")
     assert line.endswith("); resume with the networks and kwargs the run was trained with")
 
 

@@ -1,0 +1,97 @@
+"""What the command lines share: an argument parser whose errors are one line, and a quiet
+Ctrl-C while the entry module is still importing torch. Standard library only, so the guard
+can be installed before the heavy imports."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import signal
+import sys
+from types import FrameType
+from typing import NoReturn
+
+__all__ = ["OneLineParser", "end_startup_guard", "exit_quietly", "startup_guard"]
+
+STARTUP_INTERRUPTED = "stopped: interrupted during start-up"
+
+# argparse's wordings (Lib/argparse.py) that read better as "--flag must be ..." lines.
+_INVALID_VALUE = re.compile(r"argument (?P<flag>\S+?)(?:/\S+)?: invalid (?P<kind>\w+) value: "
+                            r"(?P<value>.*)")
+_KINDS = {"int": "an int", "float": "a number", "str": "a string"}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` that takes no abbreviations (``--learning 0`` is not
+    ``--learning-starts 0``) and reports every mistake as one ``ConfigError`` line (a
+    mistyped flag with the nearest real one) instead of a usage block and ``SystemExit``.
+    ``--help`` still prints the help and exits 0."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def flags(self) -> list[str]:
+        """Every ``--flag`` this parser knows but ``--help`` (no setting to suggest)."""
+        return [flag for action in self._actions for flag in action.option_strings
+                if flag.startswith("--") and not isinstance(action, argparse._HelpAction)]
+
+    def error(self, message: str) -> NoReturn:
+        # Imported here: this module must not import torch (see startup_guard).
+        from rl_graphstep.errors import ConfigError
+
+        raise ConfigError(self._one_line(message))
+
+    def _one_line(self, message: str) -> str:
+        if message.startswith("unrecognized arguments: "):
+            return self._unknown(message.removeprefix("unrecognized arguments: ").split())
+        invalid = _INVALID_VALUE.fullmatch(message)
+        if invalid:
+            kind = _KINDS.get(invalid["kind"], f"a valid {invalid['kind']}")
+            return f"{invalid['flag']} must be {kind}, got {invalid['value']}"
+        message = message.replace(": expected one argument", " needs a value")
+        message = message.replace(": expected at least one argument", " needs one or more values")
+        return " ".join(message.removeprefix("argument ").split())
+
+    def _unknown(self, extras: list[str]) -> str:
+        flag = next((word for word in extras if word.startswith("-")), None)
+        if flag is None:
+            return (f"unexpected argument {extras[0]!r}; every setting is a --flag "
+                    f"(see {self.prog} --help)")
+        name = flag.split("=", 1)[0]
+        close = difflib.get_close_matches(name, self.flags(), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}?" if close else f"see {self.prog} --help"
+        return f"unknown flag {name} ({hint})"
+
+
+def _interrupted_during_startup(_signum: int, _frame: FrameType | None) -> None:
+    print(STARTUP_INTERRUPTED, file=sys.stderr, flush=True)
+    # Out at once with 130, as a shell reports a Ctrl-C: nothing is written yet, and an
+    # exception raised here would surface inside whatever import is under way (an extension
+    # module's initialisation turns it into an unrelated error with a traceback).
+    os._exit(128 + signal.SIGINT)
+
+
+def startup_guard() -> None:
+    """Turn a Ctrl-C into one line and exit 130 until :func:`end_startup_guard`. Only for
+    the ``__main__`` path of an entry module, before its heavy imports: a library user's
+    handler is never replaced."""
+    signal.signal(signal.SIGINT, _interrupted_during_startup)
+
+
+def end_startup_guard() -> None:
+    """Give Ctrl-C back its usual ``KeyboardInterrupt`` (the entry's ``main`` handles that);
+    does nothing when :func:`startup_guard` was not installed."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_during_startup:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def exit_quietly(code: int) -> NoReturn:
+    """``sys.exit(code)`` for an entry's ``__main__`` path, where a Ctrl-C during the
+    interpreter's shutdown (atexit handlers, torch's library teardown, thread joins) ends
+    the process at once with ``code`` instead of printing a KeyboardInterrupt traceback:
+    ``main`` has already said in one line how the run ended."""
+    signal.signal(signal.SIGINT, lambda _signum, _frame: os._exit(code))
+    sys.exit(code)

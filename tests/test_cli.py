@@ -1,0 +1,285 @@
+"""Every mistake a user can make on the command line is one line and exit 2 (130 for a
+Ctrl-C), never a traceback: a table of bad inputs run in-process, and Ctrl-C by subprocess."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rl_graphstep import buffer as buffer_module
+from rl_graphstep import evaluate, memory, train
+from rl_graphstep.buffer import ReplayBuffer
+from rl_graphstep.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+# Tiny runs: nothing in the table gets as far as an update.
+SMALL = ["--device", "cpu", "--total-timesteps", "300", "--learning-starts", "100",
+         "--batch-size", "32", "--buffer-size", "1000", "--hidden-sizes", "16", "16",
+         "--no-progress"]
+
+
+@pytest.fixture
+def bad_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder (the working one) of broken user files: modules, networks, configs."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "needs_missing.py").write_text("import no_such_dependency_xyz\n")
+    (tmp_path / "raises_on_import.py").write_text("raise RuntimeError('boom at import')\n")
+    (tmp_path / "bad_syntax.py").write_text("def f(:\n")
+    (tmp_path / "nets.py").write_text(
+        "from torch import nn\n"
+        "class Raises(nn.Module):\n"
+        "    def __init__(self, observation_space, action_space, **kwargs):\n"
+        "        raise RuntimeError('constructor boom')\n"
+        "class NotModule:\n"
+        "    pass\n")
+    (tmp_path / "broken_envs.py").write_text(
+        "import gymnasium as gym\n"
+        "import numpy as np\n"
+        "class Fails(gym.Env):\n"
+        "    observation_space = gym.spaces.Box(-1, 1, (3,), np.float32)\n"
+        "    action_space = gym.spaces.Box(-1, 1, (1,), np.float32)\n"
+        "    def __init__(self, where='init'):\n"
+        "        self.where = where\n"
+        "        if where == 'init':\n"
+        "            raise ValueError('constructor boom')\n"
+        "    def reset(self, *, seed=None, options=None):\n"
+        "        if self.where == 'reset':\n"
+        "            raise ValueError('reset boom')\n"
+        "        return np.zeros(3, np.float32), {}\n"
+        "    def step(self, action):\n"
+        "        raise ValueError('step boom')\n"
+        "for where in ('init', 'reset', 'step'):\n"
+        "    gym.register(f'Fails{where.title()}-v0', entry_point='broken_envs:Fails',\n"
+        "                 kwargs={'where': where})\n")
+    for name, text in {"seed_huge": "seed: 1e30\n", "seed_int": "seed: 4294967296\n",
+                       "lr_inf": "q_lr: .inf\n", "name_nul": 'run_name: "a\\0b"\n',
+                       "envs_huge": "num_envs: 100000000\n"}.items():
+        (tmp_path / f"{name}.yaml").write_text(text)
+    return tmp_path
+
+
+BAD_TRAIN_INPUTS = [
+    (["--env", "no_such_module_xyz:Foo-v0"],
+     "cannot import module 'no_such_module_xyz' of environment 'no_such_module_xyz:Foo-v0': "
+     "ModuleNotFoundError: No module named 'no_such_module_xyz'"),
+    (["--env", "needs_missing:Foo-v0"], "No module named 'no_such_dependency_xyz' (at "),
+    (["--env", "raises_on_import:Foo-v0"], "RuntimeError: boom at import (at "),
+    (["--env", "bad_syntax:Foo-v0"], "SyntaxError: invalid syntax"),
+    (["--env", "a:b:c"], "must be EnvId or module:EnvId"),
+    (["--env", "broken_envs:FailsInit-v0"],
+     "environment 'broken_envs:FailsInit-v0' could not be made: ValueError: constructor boom "
+     "(at broken_envs.py:9)"),
+    (["--env", "broken_envs:FailsReset-v0"],
+     "the environment's reset raised ValueError: reset boom (at "),
+    (["--env", "broken_envs:FailsStep-v0"],
+     "the environment's step raised ValueError: step boom (at "),
+    (["--resume", "a\x00b"], "run folder 'a\\x00b' must not contain control characters"),
+    (["--resume", "a\nb"], "run folder 'a\\nb' must not contain control characters"),
+    (["--seed", "4294967296"],
+     "--seed must be at most 4294967295 (2**32 - 1, numpy's seed range), got 4294967296"),
+    (["--config", "seed_huge.yaml"], "seed must be at most 4294967295"),
+    (["--config", "seed_int.yaml"], "seed must be at most 4294967295"),
+    (["--config", "lr_inf.yaml"], "q_lr must be a finite number > 0, got inf"),
+    (["--config", "name_nul.yaml"], "run_name must not contain control characters"),
+    (["--config", "envs_huge.yaml"], "num_envs must be at most 4096"),
+    (["--log-dir", "afile"], "afile is a file, not a folder"),
+    (["--log-dir", "afile/sub"], "afile is a file, not a folder"),
+    (["--run-name", "x" * 300], "longer than 255 bytes"),
+    (["--run-name", "../../x"], "--run-name must be one folder name"),
+    (["--run-name", "a/b"], "--run-name must be one folder name"),
+    (["--run-name", "a\nb"], "--run-name must not contain control characters"),
+    (["--log-dir", "a\x00b"], "--log-dir must not contain control characters"),
+    (["--resume", ""], "--resume must not be empty"),
+    (["--learning", "0"], "unknown flag --learning (did you mean --learning-starts?)"),
+    (["--learnin-starts", "5"], "unknown flag --learnin-starts (did you mean --learning-starts?)"),
+    (["--batch-size=3", "--zzzz"], "unknown flag --zzzz"),
+    (["stray"], "unexpected argument 'stray'"),
+    (["--seed", "x"], "--seed must be an int, got 'x'"),
+    (["--gamma", "y"], "--gamma must be a number, got 'y'"),
+    (["--seed"], "--seed needs a value"),
+    (["--hidden-sizes"], "--hidden-sizes needs one or more values"),
+    (["--num-envs", "1000000000"], "--num-envs must be at most 4096, got 1000000000"),
+    (["--buffer-size", str(10**30)], "--buffer-size must be at most 9223372036854775807"),
+    (["--total-timesteps", str(10**40)], "--total-timesteps must be at most"),
+    (["--hidden-sizes", "1000000000"], "use smaller --hidden-sizes"),
+    (["--q-lr", "nan"], "--q-lr must be > 0, got nan"),
+    (["--policy-lr", "inf"], "--policy-lr must be a finite number > 0, got inf"),
+    (["--gamma", "nan"], "--gamma must be in [0, 1], got nan"),
+    (["--tau", "inf"], "--tau must be in (0, 1], got inf"),
+    (["--checkpoint-every", "-5"], "--checkpoint-every must be a positive int, got -5"),
+    (["--actor", "nets.py:Raises"],
+     "actor: cannot build Raises: RuntimeError: constructor boom (at nets.py:4)"),
+    (["--actor", "nets:Raises"], "actor: cannot build Raises: RuntimeError: constructor boom"),
+    (["--critic", "nets.py:NotModule"], "is not a torch.nn.Module subclass"),
+    (["--actor", "bad_syntax.py:X"], "SyntaxError: invalid syntax"),
+    (["--actor", "raises_on_import:X"], "RuntimeError: boom at import (at "),
+]
+
+
+def one_line_error(capsys: pytest.CaptureFixture[str], code: int) -> str:
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: ")
+    return err
+
+
+@pytest.mark.parametrize(("args", "message"), BAD_TRAIN_INPUTS,
+                         ids=[" ".join(a)[:40] for a, _ in BAD_TRAIN_INPUTS])
+def test_bad_train_input_is_one_line(args: list[str], message: str, bad_code: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
+    code = train.main([*SMALL, "--log-dir", str(bad_code / "runs"), *args])
+    assert message in one_line_error(capsys, code)
+    if "FailsStep" not in args[-1]:  # the env steps only in a run already logging
+        assert not (bad_code / "runs").exists()  # nothing made
+
+
+def test_help_still_works(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        train.main(["--help"])
+    assert info.value.code == 0
+    assert "--learning-starts" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished run with 16 16 networks and its checkpoint."""
+    log_dir = tmp_path_factory.mktemp("runs")
+    assert train.main([*SMALL, "--log-dir", str(log_dir), "--run-name", "run"]) == 0
+    return log_dir / "run"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--hidden-sizes", "32"], "(--hidden-sizes is 32 here, 16 16 in the checkpoint); "
+                                   "drop --hidden-sizes to resume it"),
+        (["--hidden-sizes", "16", "16", "16"], "drop --hidden-sizes to resume it"),
+    ],
+)
+def test_resume_with_other_networks_names_the_flag(
+        small_run: Path, args: list[str], message: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    before = {p.name: p.read_bytes() for p in (small_run / "checkpoints").iterdir()}
+    code = train.main(["--resume", str(small_run), "--total-timesteps", "400", *args])
+    err = one_line_error(capsys, code)
+    assert f"the networks of {small_run} do not match the ones this run builds" in err
+    assert message in err
+    assert {p.name: p.read_bytes() for p in (small_run / "checkpoints").iterdir()} == before
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--episodes", "1", "--seed", "4294967296"], "--seed must be at most 4294967295"),
+        (["--episods", "1"], "unknown flag --episods (did you mean --episodes?)"),
+        (["--epi", "1"], "unknown flag --epi (did you mean --episodes?)"),
+        (["--episodes", "x"], "--episodes must be an int, got 'x'"),
+    ],
+)
+def test_bad_evaluate_input_is_one_line(small_run: Path, args: list[str], message: str,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code = evaluate.main([str(small_run), *args])
+    assert message in one_line_error(capsys, code)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "the following arguments are required: RUN"),
+        ([""], "no run given: give a run folder"),
+        (["a\x00b"], "run folder 'a\\x00b' must not contain control characters"),
+        (["a\nb"], "run folder 'a\\nb' must not contain control characters"),
+        (["no/such/run"], "run folder no/such/run does not exist"),
+    ],
+)
+def test_evaluate_without_a_run_is_one_line(args: list[str], message: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    code = evaluate.main(args)
+    assert message in one_line_error(capsys, code)
+
+
+def test_memory_available_is_read_from_meminfo(tmp_path: Path) -> None:
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       32000000 kB\nMemFree:          100000 kB\n"
+                       "MemAvailable:    2000000 kB\n")
+    assert memory.meminfo_available(str(meminfo)) == 2_000_000 * 1024
+    meminfo.write_text("MemTotal:       32000000 kB\n")
+    assert memory.meminfo_available(str(meminfo)) is None
+    assert memory.meminfo_available(str(tmp_path / "missing")) is None
+
+
+def test_the_cpu_buffer_check_uses_available_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(memory, "meminfo_available", lambda: 2**30)
+    free, where = memory.available_memory(torch.device("cpu"))
+    assert (free, where) == (2**30, "this machine has 1.0 GiB of memory available")
+    with pytest.raises(ConfigError, match=r"needs 3\.7 GiB but this machine has 1\.0 GiB of "
+                                          r"memory available; use a smaller --buffer-size "
+                                          r"\(at most 26,843,545 fit\)"):
+        ReplayBuffer(100_000_000, 3, 2, "cpu")  # rows of 10 float32
+
+
+def test_a_failed_buffer_allocation_is_the_same_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(buffer_module, "_available_memory", lambda device: (2**40, "lots"))
+
+    def no_memory(*args: object, **kwargs: object) -> torch.Tensor:
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't "
+                           "allocate memory: you tried to allocate 40000 bytes.")
+
+    monkeypatch.setattr(buffer_module.torch, "zeros", no_memory)
+    with pytest.raises(ConfigError) as info:
+        ReplayBuffer(1000, 3, 2, "cpu")
+    assert str(info.value) == ("replay buffer of 1,000 rows x 10 needs 0.0 GiB but lots and "
+                               "the allocation failed; use a smaller --buffer-size (at most "
+                               "27,487,790,694 fit)")
+
+
+def start(module: str, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+@pytest.mark.parametrize("module", ["rl_graphstep.train", "rl_graphstep.evaluate"])
+def test_ctrl_c_during_start_up_is_one_line(module: str, tmp_path: Path) -> None:
+    """Ctrl-C at several moments of the imports (torch's take about a second or more)."""
+    for delay in (0.3, 0.8, 1.5):
+        process = start(module, "--device", "cpu", "--no-progress", "--log-dir", str(tmp_path)
+                        ) if module.endswith("train") else start(module, str(tmp_path))
+        time.sleep(delay)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+        assert "Traceback" not in err, (delay, err)
+        if process.returncode != 2:  # 2: evaluate got as far as reporting the empty folder
+            assert process.returncode == 130, (delay, err)
+            assert err.strip() == "stopped: interrupted during start-up", (delay, err)
+
+
+def test_ctrl_c_held_down_saves_once_and_exits_130(tmp_path: Path) -> None:
+    """Ctrl-C after Ctrl-C (every 3 ms, from one step until the process is gone): those
+    while the first one's checkpoint is saved, the logs flushed and the interpreter shuts
+    down are noted or end it quietly. One 'stopped:' line, exit 130, the checkpoint loads."""
+    process = start("rl_graphstep.train", *SMALL, "--total-timesteps", "1000000",
+                    "--log-dir", str(tmp_path), "--run-name", "run", "--save-buffer")
+    assert process.stdout is not None
+    while "updates:" not in (line := process.stdout.readline()):
+        assert line, "the run ended before its updates started"
+    time.sleep(0.3)
+    give_up = time.monotonic() + 5
+    while process.poll() is None and time.monotonic() < give_up:
+        process.send_signal(signal.SIGINT)
+        time.sleep(0.003)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("stopped: SIGINT at step "), err
+    assert train.load_checkpoint(tmp_path / "run")["global_step"] > 100
