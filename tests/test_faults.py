@@ -109,10 +109,13 @@ def test_nan_rewards_are_dropped_counted_and_warned_about_once(tmp_path: Path) -
     assert [e.value for e in events.Scalars("charts/skipped_updates")] == [0.0] * 6
 
 
-def test_inf_observations_never_reach_the_policy_or_the_buffer(tmp_path: Path) -> None:
-    env_id = register_poisoned("SometimesInf", "observation", math.inf, every=37)
-    cfg = load_config([*SMALL, "--env", env_id, "--total-timesteps", "600", "--save-buffer",
-                       "--log-dir", str(tmp_path), "--run-name", "run"])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
+def test_inf_observations_never_reach_the_policy_or_the_buffer(tmp_path: Path,
+                                                               device: str) -> None:
+    """On CUDA through the captured action pipe on its own stream (the defaults there)."""
+    env_id = register_poisoned(f"SometimesInf{device}", "observation", math.inf, every=37)
+    cfg = load_config([*SMALL, "--device", device, "--env", env_id, "--total-timesteps", "600",
+                       "--save-buffer", "--log-dir", str(tmp_path), "--run-name", "run"])
     with pytest.warns(UserWarning, match=f"{env_id} returned a non-finite next observation "
                                          r"\(env 0, step 37\)"):
         summary = train(cfg)
