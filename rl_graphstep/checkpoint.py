@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from rl_graphstep.config import plain_value
 from rl_graphstep.errors import CheckpointError, RunFolderError, display_path
 
 try:
@@ -518,7 +519,7 @@ def networks_mismatch(state: Mapping[str, Any], cfg: Any, error: BaseException,
     ``cfg`` is the run's ``Config``."""
     saved = state["config"]
     changed = [key for key in _NETWORK_KEYS
-               if key in saved and _plain(saved[key]) != _plain(getattr(cfg, key))]
+               if key in saved and plain_value(saved[key]) != plain_value(getattr(cfg, key))]
     shown = display_path(str(cfg.resume)) if getattr(cfg, "resume", None) else "the checkpoint"
     if changed:
         differ = "; ".join(f"--{key.replace('_', '-')} is {_show(getattr(cfg, key))} here, "
@@ -529,15 +530,6 @@ def networks_mismatch(state: Mapping[str, Any], cfg: Any, error: BaseException,
     return (f"the saved networks of {shown} do not fit {built} this run built "
             f"({type(error).__name__}: {_one_line(error)}); resume with the networks and "
             "kwargs the run was trained with")
-
-
-def _plain(value: Any) -> Any:
-    """Tuples as lists, so a Config's value compares equal to its saved YAML form."""
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
 
 
 def _show(value: Any) -> str:

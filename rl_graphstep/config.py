@@ -416,14 +416,15 @@ def config_from_dict(data: Mapping[str, Any], source: str = "the config mapping"
 def config_to_dict(cfg: Config) -> dict[str, Any]:
     """Plain YAML/JSON-safe values (tuples become lists, also inside the kwargs dicts);
     config_from_dict round-trips it."""
-    return {k: _plain(v) for k, v in dataclasses.asdict(cfg).items()}
+    return {k: plain_value(v) for k, v in dataclasses.asdict(cfg).items()}
 
 
-def _plain(value: Any) -> Any:
+def plain_value(value: Any) -> Any:
+    """A value as YAML/JSON holds it: tuples become lists, also inside mappings."""
     if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain_value(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain_value(v) for v in value]
     return value
 
 
