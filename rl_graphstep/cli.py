@@ -13,7 +13,13 @@ import sys
 from types import FrameType
 from typing import NoReturn
 
-__all__ = ["OneLineParser", "end_startup_guard", "exit_quietly", "startup_guard"]
+__all__ = [
+    "OneLineParser",
+    "end_startup_guard",
+    "exit_quietly",
+    "startup_guard",
+    "train_command",
+]
 
 STARTUP_INTERRUPTED = "stopped: interrupted during start-up"
 
@@ -95,3 +101,13 @@ def exit_quietly(code: int) -> NoReturn:
     ``main`` has already said in one line how the run ended."""
     signal.signal(signal.SIGINT, lambda _signum, _frame: os._exit(code))
     sys.exit(code)
+
+
+def train_command() -> NoReturn:
+    """The ``rl-graphstep-train`` console script: ``python -m rl_graphstep.train`` with the
+    same quiet Ctrl-C while torch is imported (the script's own import of this module is
+    light, the training module's is not)."""
+    startup_guard()
+    from rl_graphstep.train import main
+
+    exit_quietly(main())

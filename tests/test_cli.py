@@ -243,17 +243,23 @@ def test_a_failed_buffer_allocation_is_the_same_line(monkeypatch: pytest.MonkeyP
                                "27,487,790,694 fit)")
 
 
+# What the rl-graphstep-train console script runs (pyproject.toml's project.scripts).
+CONSOLE_SCRIPT = "from rl_graphstep.cli import train_command; train_command()"
+
+
 def start(module: str, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, text=True,
+    command = ["-c", CONSOLE_SCRIPT] if module == "console script" else ["-m", module]
+    return subprocess.Popen([sys.executable, *command, *args], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-@pytest.mark.parametrize("module", ["rl_graphstep.train", "rl_graphstep.evaluate"])
+@pytest.mark.parametrize("module", ["rl_graphstep.train", "rl_graphstep.evaluate",
+                                    "console script"])
 def test_ctrl_c_during_start_up_is_one_line(module: str, tmp_path: Path) -> None:
     """Ctrl-C at several moments of the imports (torch's take about a second or more)."""
     for delay in (0.3, 0.8, 1.5):
-        process = start(module, "--device", "cpu", "--no-progress", "--log-dir", str(tmp_path)
-                        ) if module.endswith("train") else start(module, str(tmp_path))
+        process = start(module, str(tmp_path)) if module.endswith("evaluate") else start(
+            module, "--device", "cpu", "--no-progress", "--log-dir", str(tmp_path))
         time.sleep(delay)
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=60)
