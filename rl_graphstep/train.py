@@ -676,8 +676,16 @@ def _nonfinite_stop_message(consecutive: int, cfg: Config, step: int, saved: Pat
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry: one clear line and exit 2 on bad input, 128+signal when stopped,
     3 when the run finished but skipped most of its updates."""
+    end_startup_guard()  # from here on a Ctrl-C is the KeyboardInterrupt handled below
+    previous = signal.getsignal(signal.SIGINT)
     try:
-        end_startup_guard()  # from here on a Ctrl-C is the KeyboardInterrupt handled below
+        return _command_line(argv)
+    finally:
+        _set_ctrl_c(previous)
+
+
+def _command_line(argv: Sequence[str] | None) -> int:
+    try:
         given = command_line_values(argv)
         if given.get("resume"):
             state = load_checkpoint(given["resume"])
@@ -685,15 +693,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             cfg = load_config(argv)
         summary = train(cfg)
-    except TrainingInterrupted as stop:
-        print(f"stopped: {stop}", file=sys.stderr)
-        return stop.exit_code
+    except KeyboardInterrupt as interrupt:
+        _set_ctrl_c(signal.SIG_IGN)  # the run has ended: say how, uninterrupted
+        ended = _ending_under_way(interrupt)
+        if ended is None:  # before the loop took over Ctrl-C: nothing to save yet
+            print("stopped: interrupted during start-up", file=sys.stderr)
+            return 130
+        return _report(ended)
     except RLGraphstepError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # before the loop took over Ctrl-C: nothing to save yet
-        print("stopped: interrupted during start-up", file=sys.stderr)
-        return 130
+        _set_ctrl_c(signal.SIG_IGN)
+        return _report(error)
+    _set_ctrl_c(signal.SIG_IGN)
     print(done_line(summary))
     if summary["mostly_skipped"]:
         print(f"error: most updates were skipped for non-finite losses or gradients "
@@ -702,6 +712,28 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"rates; logs and checkpoint kept in {summary['run_dir']}", file=sys.stderr)
         return MOSTLY_SKIPPED_EXIT
     return 0
+
+
+def _ending_under_way(interrupt: KeyboardInterrupt) -> RLGraphstepError | None:
+    """The stop or error a Ctrl-C interrupted on its way out of the run (a Ctrl-C held down
+    goes on after the loop has given Ctrl-C back), or None when there was none."""
+    cause = interrupt.__context__
+    while cause is not None and not isinstance(cause, RLGraphstepError):
+        cause = cause.__context__
+    return cause
+
+
+def _report(error: RLGraphstepError) -> int:
+    if isinstance(error, TrainingInterrupted):
+        print(f"stopped: {error}", file=sys.stderr)
+        return error.exit_code
+    print(f"error: {error}", file=sys.stderr)
+    return 2
+
+
+def _set_ctrl_c(handler: Any) -> None:
+    with contextlib.suppress(ValueError, TypeError):  # not the main thread; no handler known
+        signal.signal(signal.SIGINT, handler)
 
 
 if __name__ == "__main__":

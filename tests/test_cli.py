@@ -289,3 +289,24 @@ def test_ctrl_c_held_down_saves_once_and_exits_130(tmp_path: Path) -> None:
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("stopped: SIGINT at step "), err
     assert train.load_checkpoint(tmp_path / "run")["global_step"] > 100
+
+
+def test_a_ctrl_c_while_the_stop_is_on_its_way_out_still_reports_the_stop(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Ctrl-C held down goes on after the loop gave Ctrl-C back: one that lands while the
+    first one's stop leaves the run reports that stop, not a start-up interruption; and main
+    gives the caller's Ctrl-C handler back."""
+
+    def stopped_then_interrupted(cfg: object) -> None:
+        try:
+            raise train.TrainingInterrupted(signal.SIGINT, "SIGINT at step 300: checkpoint x "
+                                            "saved and logs flushed; continue with --resume r")
+        finally:
+            raise KeyboardInterrupt  # the next Ctrl-C, during the unwinding
+
+    handler = signal.getsignal(signal.SIGINT)
+    monkeypatch.setattr(train, "train", stopped_then_interrupted)
+    assert train.main(["--env", "Pendulum-v1"]) == 130
+    assert capsys.readouterr().err == ("stopped: SIGINT at step 300: checkpoint x saved and "
+                                       "logs flushed; continue with --resume r\n")
+    assert signal.getsignal(signal.SIGINT) is handler
