@@ -49,7 +49,7 @@ from typing import Any, NamedTuple
 import torch
 
 from rl_graphstep.config import plain_value
-from rl_graphstep.errors import CheckpointError, RunFolderError, display_path
+from rl_graphstep.errors import CheckpointError, RunFolderError, display_path, first_line
 
 try:
     import fcntl
@@ -315,9 +315,7 @@ def _read(path: Path, shown: str) -> Any:
 
 def _one_line(error: BaseException) -> str:
     """The first line of an exception's text: torch's messages run over several."""
-    lines = str(error).strip().splitlines()
-    text = " ".join(lines[0].split()) if lines else ""
-    return text[:200] or type(error).__name__
+    return first_line(error)[:200]
 
 
 def _check_format(state: Any, shown: str) -> None:

@@ -22,7 +22,7 @@ from gymnasium import error as gym_error
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
 from rl_graphstep.envworker import EnvWorker
-from rl_graphstep.errors import ConfigError, EnvError, user_location
+from rl_graphstep.errors import ConfigError, EnvError, first_line, user_location
 
 __all__ = [
     "EnvStepper",
@@ -90,7 +90,7 @@ def first_reset(envs: VectorEnv | EnvWorker, seed: int) -> np.ndarray:
         observations, _ = envs.reset(seed=seed)
     except Exception as exc:
         raise EnvError(f"the environment's reset raised {type(exc).__name__}: "
-                       f"{_first_line(exc)}" + _at_user_line(exc)) from exc
+                       f"{first_line(exc)}" + _at_user_line(exc)) from exc
     return observations
 
 
@@ -148,13 +148,8 @@ def import_env_module(env_id: str) -> None:
         importlib.import_module(module)
     except Exception as exc:  # any error of the user's module, SyntaxError included
         raise EnvError(f"cannot import module {module!r} of environment {env_id!r}: "
-                       f"{type(exc).__name__}: {_first_line(exc)}" + _at_user_line(exc)
+                       f"{type(exc).__name__}: {first_line(exc)}" + _at_user_line(exc)
                        ) from exc
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return " ".join(lines[0].split()) if lines else type(error).__name__
 
 
 def _at_user_line(exc: BaseException) -> str:
@@ -164,7 +159,7 @@ def _at_user_line(exc: BaseException) -> str:
 
 def _failed_env_message(env_id: str, exc: Exception) -> str:
     return (f"environment {env_id!r} could not be made: {type(exc).__name__}: "
-            f"{_first_line(exc)}" + _at_user_line(exc))
+            f"{first_line(exc)}" + _at_user_line(exc))
 
 
 def _unknown_env_message(env_id: str) -> str:
@@ -304,7 +299,7 @@ class EnvStepper:
             return self.envs.step(actions)
         except Exception as exc:  # the env's own code (a custom env's step) failed
             raise EnvError(f"the environment's step raised {type(exc).__name__}: "
-                           f"{_first_line(exc)}" + _at_user_line(exc)) from exc
+                           f"{first_line(exc)}" + _at_user_line(exc)) from exc
 
 
 def seed_everything(seed: int) -> None:

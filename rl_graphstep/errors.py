@@ -66,6 +66,13 @@ def user_location(error: BaseException) -> str:
     return "" if frame is None else f"{display_path(frame.filename)}:{frame.lineno}"
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an exception's text, its runs of spaces made one (torch's and
+    gymnasium's messages run over several lines); the type's name when it has no text."""
+    lines = str(error).strip().splitlines()
+    return " ".join(lines[0].split()) if lines else type(error).__name__
+
+
 def display_path(filename: str) -> str:
     """Relative to the working folder when the file lies below it: short and clickable."""
     try:
