@@ -8,16 +8,23 @@ actions never waits for the updates, and the host steps the environments while t
 
 from __future__ import annotations
 
+import copy
+import functools
 import warnings
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import gymnasium as gym
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from rl_graphstep.errors import CaptureError
 from rl_graphstep.graphstep import capture_graph
+
+if TYPE_CHECKING:
+    from rl_graphstep.algorithms.base import OffPolicyAlgorithm
+    from rl_graphstep.plan import RunPlan
 
 Policy = Callable[..., Tensor]
 """Maps observations (N, O) on the device to actions (N, A); given a second argument, the
@@ -30,17 +37,18 @@ class ActionPipe:
     computed on the device and brought home in one transfer.
 
     Args:
-        policy: the acting policy (e.g. ``agent.explore``), actions in [-1, 1].
+        policy: the acting policy, actions in [-1, 1].
         num_envs, observation_size: the fixed shape (N, O) of the observations.
         action_space: the single env's Box; its bounds scale the actions.
         device: where the policy runs.
-        use_graph: capture the policy as a CUDA graph; ``None``: try, and act eagerly with a
-            warning when it cannot be captured; ``False``: eager.
+        use_graph: capture the policy as a CUDA graph (on CUDA).
+        graph_fallback: where the policy cannot be captured, act eagerly with a warning
+            instead of raising.
         noise_size: K > 0: draw the exploration noise (N, K) on the host, from numpy's global
             generator (seeded and checkpointed with the run), send it in with the
             observations and pass it to the policy: acting then draws nothing on the device.
         refresh: ``(copies, originals)``: the tensors of the actor copy the policy reads and
-            of the learned actor (see ``ActorCritic.separate_behaviour_actor``). Each action
+            of the learned actor (see :func:`behaviour_copy`). Each action
             then reads the actor as it was at the previous request, one round of updates
             behind: that actor is final before the update queued after the previous request
             starts, so with a graph and host noise the action runs on a stream of its own,
@@ -61,7 +69,8 @@ class ActionPipe:
         action_space: gym.spaces.Box,
         device: torch.device,
         *,
-        use_graph: bool | None = False,
+        use_graph: bool = False,
+        graph_fallback: bool = False,
         noise_size: int = 0,
         refresh: tuple[list[Tensor], list[Tensor]] | None = None,
         staged: list[Tensor] | None = None,
@@ -106,11 +115,11 @@ class ActionPipe:
         self._actions: Tensor | None = None
         # Whether the graph also makes the two copies (one launch per request, not three).
         self.copies_in_graph = False
-        if use_graph is not False and on_cuda:
+        if use_graph and on_cuda:
             try:
                 self.graph, self._actions = self._capture(device)
             except CaptureError as error:
-                if use_graph:
+                if not graph_fallback:
                     raise
                 warnings.warn(f"{error}; selecting actions eagerly instead", stacklevel=2)
         # The action's own stream: only for a graph that draws no random numbers (replays
@@ -228,3 +237,33 @@ class ActionPipe:
         self._pending = False
         both = self._host_actions_view.copy()
         return both[:, : self.action_size], both[:, self.action_size :]
+
+
+def behaviour_copy(actor: nn.Module) -> tuple[nn.Module, tuple[list[Tensor], list[Tensor]]]:
+    """A copy of ``actor`` that never learns, to act beside the updates, and ``(copies,
+    originals)``, its tensors and the actor's in pairs (``ActionPipe``'s ``refresh``)."""
+    duplicate = copy.deepcopy(actor).requires_grad_(False)
+    for parameter in duplicate.parameters():
+        parameter.grad = None  # the copy never learns: no gradient buffers
+    return duplicate, ([*duplicate.parameters(), *duplicate.buffers()],
+                       [*actor.parameters(), *actor.buffers()])
+
+
+def policy_pipe(algorithm: OffPolicyAlgorithm, plan: RunPlan, num_envs: int,
+                observation_size: int, action_space: gym.spaces.Box, *,
+                staged: list[Tensor] | None = None) -> ActionPipe:
+    """The pipe the learned policy acts through, as ``plan`` says. With the action stream,
+    the action runs beside the updates, so it draws nothing on the device (two streams would
+    share the generator's offset): its noise comes from the host, and it reads a copy of the
+    actor one round of updates behind, so it waits for no update. ``staged``: a resumed run's
+    staged actor (see :meth:`ActionPipe.staged_actor`)."""
+    if not plan.action_stream:
+        return ActionPipe(functools.partial(algorithm.explore, algorithm.actor), num_envs,
+                          observation_size, action_space, plan.device, use_graph=plan.graphs,
+                          graph_fallback=plan.graph_fallback)
+    actor, refresh = behaviour_copy(algorithm.actor)
+    return ActionPipe(functools.partial(algorithm.explore, actor), num_envs, observation_size,
+                      action_space, plan.device, use_graph=True,
+                      graph_fallback=plan.graph_fallback,
+                      noise_size=algorithm.exploration_noise_size(), refresh=refresh,
+                      staged=staged)

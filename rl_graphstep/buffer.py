@@ -1,8 +1,7 @@
 """Replay buffer: a ring of packed transition rows preallocated on the training device.
 
-A row is `[observation | action | reward | not_done | next_observation]`, so a sampled batch
-splits without copies into the critic step's inputs `rows[:, :critic_input_size]` and its
-targets `rows[:, critic_input_size:]`. A sample is always exactly `batch_size` rows, drawn
+A row is `[observation | action | reward | not_done | next_observation]` (`RowLayout`), so a
+sampled batch splits without copies into the critic step's inputs and targets. A sample is always exactly `batch_size` rows, drawn
 on the device, so it can feed a captured step's static buffers without a host sync.
 """
 
@@ -20,7 +19,7 @@ from rl_graphstep.memory import available_memory as _available_memory
 from rl_graphstep.memory import format_bytes as _format_bytes
 from rl_graphstep.memory import is_out_of_memory as _is_out_of_memory
 
-__all__ = ["BatchSampler", "ReplayBuffer", "Transition"]
+__all__ = ["BatchSampler", "CriticTargets", "ReplayBuffer", "RowLayout"]
 
 # Indices are drawn as randint(0, 2**62) % size: the size is a device tensor (a graph reads its
 # current value), and the modulo bias is below size / 2**62, far under any sampling noise.
@@ -29,14 +28,41 @@ _INDEX_RANGE = 2**62
 ArrayLike = np.ndarray | torch.Tensor
 
 
-class Transition(NamedTuple):
-    """Views into a batch of packed rows; rewards and not_dones are shaped (B, 1)."""
+class CriticTargets(NamedTuple):
+    """Views of the critic step's targets ``[reward | not_done | next_observation]``;
+    rewards and not_dones are shaped (B, 1)."""
 
-    observations: torch.Tensor
-    actions: torch.Tensor
     rewards: torch.Tensor
     not_dones: torch.Tensor
     next_observations: torch.Tensor
+
+
+class RowLayout:
+    """Where each part of a transition lies in a packed row
+    ``[observation | action | reward | not_done | next_observation]``: the one owner of it.
+
+    The critic step's inputs ``[observation | action]`` and targets ``[reward | not_done |
+    next_observation]`` are two adjacent column ranges, so a sampled batch feeds both steps
+    without copies.
+    """
+
+    def __init__(self, observation_size: int, action_size: int) -> None:
+        self.observation_size = int(observation_size)
+        self.action_size = int(action_size)
+        critic_input_size = self.observation_size + self.action_size
+        self.row_size = 2 * self.observation_size + self.action_size + 2
+        self.observations = slice(0, self.observation_size)
+        self.actions = slice(self.observation_size, critic_input_size)
+        self.critic_inputs = slice(0, critic_input_size)
+        self.critic_targets = slice(critic_input_size, self.row_size)
+        self.rewards = slice(critic_input_size, critic_input_size + 1)
+        self.not_dones = slice(critic_input_size + 1, critic_input_size + 2)
+        self.next_observations = slice(critic_input_size + 2, self.row_size)
+
+    @staticmethod
+    def split_targets(targets: torch.Tensor) -> CriticTargets:
+        """Views of ``rows[:, layout.critic_targets]``, what the critic step receives."""
+        return CriticTargets(targets[:, :1], targets[:, 1:2], targets[:, 2:])
 
 
 class ReplayBuffer:
@@ -66,10 +92,10 @@ class ReplayBuffer:
         if not dtype.is_floating_point:
             raise ConfigError(f"replay buffer dtype must be a floating type, got {dtype}")
         self.capacity = int(capacity)
-        self.observation_size = int(observation_size)
-        self.action_size = int(action_size)
-        self.critic_input_size = self.observation_size + self.action_size
-        self.row_size = 2 * self.observation_size + self.action_size + 2
+        self.layout = RowLayout(observation_size, action_size)
+        self.observation_size = self.layout.observation_size
+        self.action_size = self.layout.action_size
+        self.row_size = self.layout.row_size
         self.dtype = dtype
         device = torch.device(device)
         if device.type == "cuda" and device.index is None:
@@ -160,21 +186,17 @@ class ReplayBuffer:
         The rows are packed on the host and copied to the device in one transfer.
         """
         n = _leading_size(observations)
-        columns = (
-            ("observations", observations, self.observation_size),
-            ("actions", actions, self.action_size),
-            ("rewards", rewards, 1),
-            ("terminations", terminations, 1),
-            ("next_observations", next_observations, self.observation_size),
-        )
+        layout = self.layout
         staging, rows = self._staging_rows(n)
-        start = 0
-        for name, value, width in columns:
-            column = _as_columns(name, value, n, width)
-            if name == "terminations":
-                column = 1.0 - column.astype(rows.dtype)  # stored as not_done
-            rows[:, start : start + width] = column
-            start += width
+        rows[:, layout.observations] = _as_columns("observations", observations, n,
+                                                   self.observation_size)
+        rows[:, layout.actions] = _as_columns("actions", actions, n, self.action_size)
+        rows[:, layout.rewards] = _as_columns("rewards", rewards, n, 1)
+        # Stored as not_done.
+        rows[:, layout.not_dones] = 1.0 - _as_columns("terminations", terminations, n,
+                                                      1).astype(rows.dtype)
+        rows[:, layout.next_observations] = _as_columns("next_observations", next_observations,
+                                                        n, self.observation_size)
         self._write(staging)
 
     def _staging_rows(self, n: int) -> tuple[torch.Tensor, np.ndarray]:
@@ -285,24 +307,6 @@ class ReplayBuffer:
             return torch.index_select(self.storage, 0, index)
         return torch.index_select(self.storage, 0, index, out=out)
 
-    def split(self, rows: torch.Tensor) -> Transition:
-        """Views of packed rows as a `Transition` (no copies)."""
-        o, c = self.observation_size, self.critic_input_size
-        return Transition(
-            observations=rows[:, :o],
-            actions=rows[:, o:c],
-            rewards=rows[:, c : c + 1],
-            not_dones=rows[:, c + 1 : c + 2],
-            next_observations=rows[:, c + 2 :],
-        )
-
-    def split_targets(
-        self, targets: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(rewards, not_dones, next_observations) views of critic targets; see
-        :func:`split_targets`."""
-        return split_targets(targets)
-
     def state_dict(self) -> dict[str, Any]:
         """The filled rows (as a CPU tensor), ring position and size, for a checkpoint."""
         return {
@@ -340,15 +344,6 @@ def write_rows(storage: torch.Tensor, position: torch.Tensor, size: torch.Tensor
     storage.index_copy_(0, index, rows.to(storage.device, non_blocking=True))
     position.copy_((position + rows.shape[0]) % capacity)
     size.copy_((size + rows.shape[0]).clamp(max=capacity))
-
-
-def split_targets(targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(rewards, not_dones, next_observations) views of critic targets.
-
-    `targets` is `rows[:, critic_input_size:]`, what the captured critic step receives;
-    rewards and not_dones come back shaped (B, 1).
-    """
-    return targets[:, :1], targets[:, 1:2], targets[:, 2:]
 
 
 def _leading_size(value: ArrayLike) -> int:

@@ -177,3 +177,34 @@ def done_line(summary: Mapping[str, Any]) -> str:
         sections.append(f"skipped {summary['skipped_transitions']:,} non-finite transitions, "
                         f"{describe_updates(summary['updates'])}")
     return "; ".join([*sections, f"logs in {summary['run_dir']}"])
+
+
+class LoopClock:
+    """Times the loop: steps/s overall and over the learning phase, and how much of the
+    learning phase the host spent on its own work rather than waiting for the device's
+    actions (``summary`` takes the wait from the collector)."""
+
+    def __init__(self, step: int) -> None:
+        self.start = (time.perf_counter(), step)
+        self.learning: tuple[float, int] | None = None
+        self.build_seconds = 0.0
+
+    def start_learning(self, step: int) -> None:
+        self.learning = (time.perf_counter(), step)
+
+    def sps(self, step: int) -> float:
+        return (step - self.start[1]) / (time.perf_counter() - self.start[0])
+
+    def summary(self, step: int, waited: float, waits: int) -> dict[str, float | None]:
+        """Steps/s, over the learning phase too, and the host's own µs per iteration that
+        waited ``waits`` times, ``waited`` seconds in all, for the actions."""
+        now = time.perf_counter()
+        result: dict[str, float | None] = {"sps": self.sps(step), "learning_sps": None,
+                                           "host_us_per_iteration": None,
+                                           "build_seconds": self.build_seconds}
+        if self.learning is not None and step > self.learning[1]:
+            elapsed = now - self.learning[0]
+            result["learning_sps"] = (step - self.learning[1]) / elapsed
+            if waits:
+                result["host_us_per_iteration"] = (elapsed - waited) / waits * 1e6
+        return result

@@ -23,7 +23,7 @@ import torch
 from gymnasium import error as gym_error
 from torch import nn
 
-from rl_graphstep.algorithms import ALGORITHMS, ActorCritic
+from rl_graphstep.algorithms import ALGORITHMS, OffPolicyAlgorithm
 from rl_graphstep.checkpoint import CHECKPOINT_DIR, find_checkpoint, load_checkpoint
 from rl_graphstep.cli import OneLineParser, end_startup_guard, exit_quietly
 from rl_graphstep.config import SEED_MAX, Config, config_from_dict
@@ -35,9 +35,9 @@ from rl_graphstep.errors import (
     RLGraphstepError,
     display_path,
 )
-from rl_graphstep.netspec import run_relative
+from rl_graphstep.netspec import make_networks, run_relative
+from rl_graphstep.plan import resolve_device
 from rl_graphstep.plugins import NetworkSpec, evaluation_action
-from rl_graphstep.train import make_networks, resolve_device
 
 __all__ = ["EvaluationResult", "evaluate", "main"]
 
@@ -128,7 +128,7 @@ def evaluate(run_dir: Path | str, episodes: int = 10, seed: int = 0, device: str
     return result
 
 
-def _stochastic_note(actor: nn.Module, algorithm: type[ActorCritic]) -> str:
+def _stochastic_note(actor: nn.Module, algorithm: type[OffPolicyAlgorithm]) -> str:
     """What the summary adds when the returns are not of deterministic actions."""
     if algorithm.actor_kind == "stochastic" and not callable(
             getattr(actor, "deterministic_action", None)):
@@ -153,7 +153,7 @@ def _make_env(env_id: str, seed: int, *, render: bool) -> gym.Env:
     return env
 
 
-def _load_actor(algorithm: type[ActorCritic], cfg: Config, state: dict, env: gym.Env,
+def _load_actor(algorithm: type[OffPolicyAlgorithm], cfg: Config, state: dict, env: gym.Env,
                 device: torch.device, checkpoint: Path, actor: NetworkSpec | None = None,
                 critic: NetworkSpec | None = None) -> nn.Module:
     """The run's actor, built from its config as train built it (or from ``actor`` /
@@ -195,7 +195,7 @@ def _record_video(env: gym.Env, cfg: Config, run_dir: Path, step: int) -> gym.En
                        name_prefix=f"{cfg.env_id}__{cfg.algo}__step_{step:012d}")
 
 
-def _act(actor: nn.Module, algorithm: type[ActorCritic], observations: torch.Tensor
+def _act(actor: nn.Module, algorithm: type[OffPolicyAlgorithm], observations: torch.Tensor
          ) -> torch.Tensor:
     """The policy's deterministic action in [-1, 1] (see ``evaluation_action``; a SAC actor
     without ``deterministic_action`` gives a sample, and the summary says so)."""
@@ -203,7 +203,7 @@ def _act(actor: nn.Module, algorithm: type[ActorCritic], observations: torch.Ten
 
 
 @torch.no_grad()
-def _run_episode(env: gym.Env, actor: nn.Module, algorithm: type[ActorCritic],
+def _run_episode(env: gym.Env, actor: nn.Module, algorithm: type[OffPolicyAlgorithm],
                  device: torch.device, seed: int) -> float:
     """The undiscounted return of one episode from ``env.reset(seed=seed)``."""
     space = env.action_space

@@ -112,6 +112,10 @@ class Logger:
         """Log one host-side number right away."""
         self._writer.add_scalar(tag, value, step)
 
+    def text(self, tag: str, text: str) -> None:
+        """Log a line of text (tensorboard's text tab)."""
+        self._writer.add_text(tag, text)
+
     def episode(self, step: int, episodic_return: float, length: int) -> None:
         """Log a finished episode as `charts/episodic_return` and `charts/episodic_length`."""
         self._writer.add_scalar("charts/episodic_return", episodic_return, step)

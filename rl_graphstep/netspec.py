@@ -1,5 +1,6 @@
-"""What a run records about its custom networks, so that ``--resume`` and ``evaluate`` rebuild
-them from any folder as they were trained.
+"""A run's networks: built from their specs and checked (:func:`make_networks`), and what the
+run records about custom ones, so that ``--resume`` and ``evaluate`` rebuild them from any
+folder as they were trained.
 
 Every run's config (saved in each checkpoint, shown in tensorboard) names each custom network
 by a spec string; the default networks stay ``null``. A network given
@@ -27,7 +28,7 @@ import sys
 import warnings
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import torch
@@ -35,7 +36,17 @@ from torch import nn
 
 from rl_graphstep.config import Config
 from rl_graphstep.errors import display_path
-from rl_graphstep.plugins import NetworkSpec, _is_file_path
+from rl_graphstep.memory import allocation_errors, check_networks_fit
+from rl_graphstep.plugins import (
+    NetworkSpec,
+    _is_file_path,
+    build_network,
+    check_actor,
+    check_critic,
+)
+
+if TYPE_CHECKING:
+    from rl_graphstep.algorithms.base import OffPolicyAlgorithm
 
 __all__ = [
     "NETWORKS_DIR",
@@ -267,3 +278,35 @@ def _warn_if_trained_before(network: nn.Module, role: str, *, warn: bool) -> Non
 def describe_networks(words: str) -> str:
     """The start line's part naming the custom networks, ``""`` without any."""
     return f"; {words}" if words else ""
+
+
+def make_networks(algorithm: type[OffPolicyAlgorithm], cfg: Config, observation_space: gym.Space,
+                  action_space: gym.Space, device: torch.device, actor: NetworkSpec | None = None,
+                  critic: NetworkSpec | None = None) -> tuple[nn.Module, nn.Module]:
+    """The actor and critic: given ones (class, module or ``module:Class``), else those of
+    ``cfg.actor``/``cfg.critic``, else the algorithm's defaults; each checked once on an
+    example batch before any capture."""
+    actor, critic = actor or cfg.actor, critic or cfg.critic
+    check_networks_fit(cfg, observation_space, action_space, device,
+                       default_actor=actor is None, default_critic=critic is None,
+                       num_critics=algorithm.num_critics)
+    with allocation_errors(device):
+        actor_net, critic_net = _build_networks(algorithm, cfg, observation_space,
+                                                action_space, device, actor, critic)
+    sizes = {"observation_size": observation_space.shape[0],
+             "action_size": action_space.shape[0], "device": device}
+    check_actor(actor_net, kind=algorithm.actor_kind, **sizes)
+    check_critic(critic_net, min_members=algorithm.num_critics, **sizes)
+    return actor_net, critic_net
+
+
+def _build_networks(algorithm: type[OffPolicyAlgorithm], cfg: Config, observation_space: gym.Space,
+                    action_space: gym.Space, device: torch.device, actor: NetworkSpec | None,
+                    critic: NetworkSpec | None) -> tuple[nn.Module, nn.Module]:
+    actor_net = (build_network(actor, observation_space, action_space, cfg.actor_kwargs,
+                               role="actor") if actor is not None
+                 else algorithm.default_actor(observation_space, action_space, cfg))
+    critic_net = (build_network(critic, observation_space, action_space, cfg.critic_kwargs,
+                                role="critic") if critic is not None
+                  else algorithm.default_critic(observation_space, action_space, cfg))
+    return actor_net.to(device), critic_net.to(device)

@@ -17,7 +17,7 @@ from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.envs import scale_action
 
 __all__ = ["NonFiniteTally", "describe_updates", "mostly_skipped", "policy_inputs",
-           "random_actions_for", "update_steps"]
+           "random_actions_for"]
 
 # The parts of a transition, in the order the buffer takes them; terminations are booleans.
 _PARTS = ("observation", "action", "reward", "next observation")
@@ -93,30 +93,29 @@ class NonFiniteTally:
         self.episodes += 1
         return False
 
-    def updates(self, agent: Any) -> dict[str, tuple[int, int]]:
+    def updates(self, learner: Any) -> dict[str, tuple[int, int]]:
         """(skipped, made) critic and actor steps over the whole run, by kind; reads the
         device (a sync: call at log intervals, not per step)."""
-        made_now, made_then = update_steps(agent, agent.updates), update_steps(agent,
-                                                                               self.first_update)
+        made_now = learner.steps_made(learner.updates)
+        made_then = learner.steps_made(self.first_update)
+        skipped = learner.skipped_steps()
         counts = {}
         for kind in ("critic", "actor"):
-            step = getattr(agent, f"{kind}_step")
-            guard = None if step is None else step.guard
-            skipped = 0 if guard is None else int(guard.skipped.item())
             before = self.before.get(kind, (0, 0))
-            counts[kind] = (before[0] + skipped, before[1] + made_now[kind] - made_then[kind])
+            counts[kind] = (before[0] + skipped[kind],
+                            before[1] + made_now[kind] - made_then[kind])
         return counts
 
     def skipped_before(self) -> int:
         """Update steps skipped before this process (a resumed run), critic and actor."""
         return sum(skipped for skipped, _ in self.before.values())
 
-    def state_dict(self, agent: Any) -> dict[str, Any]:
+    def state_dict(self, learner: Any) -> dict[str, Any]:
         return {"transitions": self.transitions, "episodes": self.episodes,
-                "warned": self.warned, "held": self._held, "updates": self.updates(agent)}
+                "warned": self.warned, "held": self._held, "updates": self.updates(learner)}
 
     def load_state_dict(self, state: dict[str, Any] | None, first_update: int) -> None:
-        """Restore :meth:`state_dict`; ``first_update``: the resumed agent's update count.
+        """Restore :meth:`state_dict`; ``first_update``: the resumed learner's update count.
         ``None`` (a checkpoint from before this tally) keeps the zeros."""
         self.first_update = first_update
         if state is None:
@@ -130,14 +129,6 @@ def _finite_rows(*parts: np.ndarray) -> list[np.ndarray]:
     """Per part (n rows, or n values), which of its n rows are all finite."""
     n = len(parts[0])
     return [np.isfinite(np.asarray(part).reshape(n, -1)).all(axis=1) for part in parts]
-
-
-def update_steps(agent: Any, updates: int) -> dict[str, int]:
-    """The critic and actor steps of an agent's first ``updates`` updates (what their guards
-    count): a critic step per update, and the actor's steps on every update whose number is
-    a multiple of ``policy_frequency``."""
-    due = -(-updates // agent.cfg.policy_frequency)  # ceil: updates 0, pf, 2 pf, ...
-    return {"critic": updates, "actor": due * agent.actor_updates_per_delay}
 
 
 def mostly_skipped(counts: dict[str, tuple[int, int]]) -> bool:

@@ -10,7 +10,9 @@ robust default; a count the user chose is kept.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -42,3 +44,22 @@ def loop_thread_count(device: torch.device) -> int | None:
     if device.type == "cuda":
         return 1
     return None if user_chose_threads() else 1
+
+
+@contextlib.contextmanager
+def loop_threads(device: torch.device) -> Iterator[None]:
+    """One intra-op CPU thread while inside, unless on the CPU the user chose a count
+    (:func:`loop_thread_count`); the process's count is restored after. On CUDA the host's
+    torch work is a few tiny tensors, and idle worker threads made the loop's own Python and
+    the env steps slower; on the CPU, idle workers spinning against other processes made
+    the small eager updates several times slower on a busy machine (see benchmarks/)."""
+    count = loop_thread_count(device)
+    if count is None:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)

@@ -10,7 +10,8 @@ from rl_graphstep.algorithms.td3 import TD3
 
 
 class DDPG(TD3):
-    """Deep deterministic policy gradient; arguments as :class:`TD3`, with E >= 1 critics."""
+    """Deep deterministic policy gradient; arguments as :class:`TD3`, with E >= 1 critics
+    (the first one learns the actor)."""
 
     name = "ddpg"
     num_critics = 1

@@ -1,0 +1,265 @@
+"""The off-policy learner: runs an algorithm's updates from a replay buffer on the device.
+
+It owns the two ``CudaGraphAdaptationStep``s (critic and actor) with their optimizers and
+gradient-norm clips, the replay sampling, the fused update that replays them as one graph, the
+non-finite skip counters and its checkpoint state. The algorithm owns the losses and the
+schedule (``rl_graphstep.algorithms``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rl_graphstep.algorithms.base import Metrics, OffPolicyAlgorithm
+from rl_graphstep.buffer import BatchSampler, ReplayBuffer
+from rl_graphstep.config import Config
+from rl_graphstep.errors import CaptureError
+from rl_graphstep.graphstep import AdaptationStep, clip_grad_norm, make_adaptation_step
+from rl_graphstep.learners.fused import MAX_PHASES, FusedUpdate
+from rl_graphstep.metrics import MetricSums
+from rl_graphstep.networks import StateActionInput
+from rl_graphstep.plan import RunPlan, fall_back
+
+
+class RecordedLoss:
+    """A step's ``loss_function`` made from an algorithm's loss, which returns ``(loss,
+    metrics)``: each metric is written in place into a tensor of its own (made at the first
+    call, before any capture), which a captured graph then rewrites on every replay."""
+
+    def __init__(self, loss: Callable[[Any, Any], tuple[Tensor, Metrics]],
+                 targets: Callable[[Tensor], Any]) -> None:
+        self.loss = loss
+        self.targets = targets
+        self.values: Metrics = {}
+        self.__qualname__ = getattr(loss, "__qualname__", type(loss).__name__)
+
+    def __call__(self, prediction: Any, targets: Tensor) -> Tensor:
+        loss, metrics = self.loss(prediction, self.targets(targets))
+        for name, value in metrics.items():
+            kept = self.values.get(name)
+            if kept is None:
+                self.values[name] = value.detach().clone()
+            else:
+                kept.copy_(value.detach())
+        return loss
+
+
+class OffPolicyLearner:
+    """One update = a replay sample, a critic step, the algorithm's target update and, when
+    its schedule says so, actor steps.
+
+    :meth:`build` captures the steps (or wraps them eagerly, as ``plan`` says) from the
+    buffer's first rows and, with CUDA graphs, the fused update; :meth:`update` then runs
+    the iteration's ``updates_per_step`` updates with no host sync, adding their metrics
+    into the log's sums.
+    """
+
+    def __init__(self, algorithm: OffPolicyAlgorithm, buffer: ReplayBuffer, cfg: Config,
+                 plan: RunPlan) -> None:
+        self.algorithm = algorithm
+        self.buffer = buffer
+        self.cfg = cfg
+        self.plan = plan
+        self.device = plan.device
+        self.critic_optimizer = self._adam(algorithm.critic.parameters(), lr=cfg.q_lr)
+        self.actor_optimizer = self._adam(algorithm.actor_parameter_groups())
+        self.critic_clip = clip_grad_norm(algorithm.critic.parameters(),
+                                          cfg.critic_max_grad_norm)
+        self.actor_clip = clip_grad_norm(algorithm.actor.parameters(), cfg.actor_max_grad_norm)
+        self.critic_loss = RecordedLoss(algorithm.critic_loss, buffer.layout.split_targets)
+        self.actor_loss = RecordedLoss(algorithm.actor_loss, lambda observations: observations)
+        self.critic_step: AdaptationStep | None = None
+        self.actor_step: AdaptationStep | None = None
+        self.sampler: BatchSampler | None = None
+        self.fused: FusedUpdate | None = None
+        self.sums: MetricSums | None = None
+        self.updates = 0  # updates made over the whole run (a resumed one included)
+
+    def _adam(self, params: Any, **kwargs: Any) -> torch.optim.Adam:
+        """Adam as the steps need it: on CUDA capturable (a graph reads its step count from
+        the device) and, uncompiled, fused (one kernel instead of a dozen). Compiled, the
+        foreach form is fused by the compiler instead, and measured faster."""
+        capturable = self.device.type == "cuda"
+        fused = capturable and not self.plan.compile
+        return torch.optim.Adam(params, capturable=capturable, fused=fused or None, **kwargs)
+
+    @property
+    def built(self) -> bool:
+        return self.sampler is not None
+
+    # ------------------------------------------------------------------ building
+
+    def build(self, sums: MetricSums, *, fuse: bool = True) -> RunPlan:
+        """Capture the steps, the sampling and (with CUDA graphs and ``fuse``) the fused
+        update; runs no update. A step that cannot be captured or compiled falls back as the
+        plan allows (``plan.fall_back``). Returns the plan that holds; every update adds its
+        metrics into ``sums``."""
+        if len(self.buffer) < self.cfg.batch_size:
+            raise RuntimeError(f"the replay buffer holds {len(self.buffer)} rows, fewer than "
+                               f"one batch ({self.cfg.batch_size})")
+        self.sums = sums
+        # The first rows as the example: drawing a sample would consume random numbers, and
+        # a resumed run must draw exactly what the uninterrupted one would.
+        rows = self.buffer.storage[: self.cfg.batch_size]
+        while True:
+            try:
+                self._make_steps(rows)
+                break
+            except CaptureError as error:
+                self.critic_step = self.actor_step = None
+                self.plan = fall_back(self.plan, error)
+        if self.plan.compile:
+            self.algorithm.polyak.compile()  # before any graph records it
+        assert self.critic_step is not None and self.actor_step is not None
+        layout = self.buffer.layout
+        self.sampler = BatchSampler(self.buffer, self.cfg.batch_size, [
+            (self.critic_step.static_inputs, layout.critic_inputs),
+            (self.critic_step.static_targets, layout.critic_targets),
+            (self.actor_step.static_inputs, layout.observations),
+            (self.actor_step.static_targets, layout.observations),
+        ], use_graph=self.plan.graphs)
+        period = self.algorithm.update_period()
+        if fuse and self.plan.graphs and period <= MAX_PHASES:
+            try:
+                self.fused = FusedUpdate(self._record_update, self._announced_metrics, period,
+                                         sums, self.device)
+            except CaptureError as error:  # the separate graphs work: keep those
+                warnings.warn(f"{error}; replaying the separate step graphs instead",
+                              stacklevel=2)
+        return self.plan
+
+    def _make_steps(self, rows: Tensor) -> None:
+        layout, algorithm = self.buffer.layout, self.algorithm
+        observations = rows[:, layout.observations]
+        settings = {"use_graph": self.plan.graphs, "compile": self.plan.compile,
+                    "skip_nonfinite": True}
+        self.critic_step = make_adaptation_step(
+            StateActionInput(algorithm.critic, layout.observation_size), self.critic_optimizer,
+            rows[:, layout.critic_inputs], rows[:, layout.critic_targets], self.critic_loss,
+            gradient_transform=self.critic_clip, **settings)
+        self.actor_step = make_adaptation_step(
+            algorithm.actor, self.actor_optimizer, observations, observations, self.actor_loss,
+            gradient_transform=self.actor_clip, pool=getattr(self.critic_step, "pool", None),
+            **settings)
+
+    # ------------------------------------------------------------------ updating
+
+    def update(self) -> None:
+        """The iteration's ``updates_per_step`` updates, each from a fresh replay sample."""
+        for _ in range(self.cfg.updates_per_step):
+            if self.fused is not None:
+                self.fused.replay(self.updates)
+            else:
+                assert self.sampler is not None and self.sums is not None
+                self.sampler()
+                self.sums.add(self._replay_update(self.updates))
+            self.updates += 1
+
+    def _replay_update(self, update: int) -> Metrics:
+        """Update number ``update`` from the sample in the steps' buffers, step by step."""
+        assert self.critic_step is not None and self.actor_step is not None
+        critic_step = self.critic_step
+
+        def critic() -> Tensor:
+            critic_step.replay()
+            return critic_step.static_loss  # live: the next update rewrites it
+
+        return self._update_sequence(update, critic, self.actor_step.replay)
+
+    def _record_update(self, update: int) -> Metrics:
+        """Update number ``update`` as ordinary launches (recorded by the fused capture)."""
+        assert self.sampler is not None
+        assert self.critic_step is not None and self.actor_step is not None
+        self.sampler.draw()
+        return self._update_sequence(update, self.critic_step.run_update,
+                                     self.actor_step.run_update)
+
+    def _update_sequence(self, update: int, critic: Callable[[], Tensor],
+                         actor: Callable[[], Any]) -> Metrics:
+        """The critic step and the algorithm's hook after it; then, when the schedule says
+        so, the actor steps and the hook after them. The schedule is read on the host: a
+        skipped actor step costs nothing, where a device-side mask would run (and discard)
+        the whole actor update every time."""
+        critic_loss = critic()
+        self.algorithm.after_critic_step(update)
+        actor_steps = self.algorithm.actor_steps(update)
+        for _ in range(actor_steps):
+            actor()
+        if actor_steps:
+            self.algorithm.after_actor_steps(update)
+        return self._metrics(critic_loss, actor_steps > 0)
+
+    def _metrics(self, critic_loss: Tensor, actor_stepped: bool) -> Metrics:
+        metrics = {"losses/critic": critic_loss, **self.critic_loss.values,
+                   "losses/critic_grad_norm": self.critic_clip.norm}
+        if actor_stepped:
+            metrics.update(self.actor_loss.values)
+            metrics["losses/actor_grad_norm"] = self.actor_clip.norm
+        return metrics
+
+    def _announced_metrics(self, update: int) -> Metrics:
+        """The metrics update number ``update`` reports, without running it."""
+        assert self.critic_step is not None
+        return self._metrics(self.critic_step.static_loss,
+                             self.algorithm.actor_steps(update) > 0)
+
+    # ------------------------------------------------------------------ counters
+
+    def skipped_updates(self) -> tuple[Tensor, Tensor]:
+        """(total, longest current run) of steps skipped for non-finite values, on the
+        device; zeros before the steps exist."""
+        guards = [s.guard for s in (self.critic_step, self.actor_step)
+                  if s is not None and s.guard is not None]
+        if not guards:
+            zero = torch.zeros((), dtype=torch.int64, device=self.device)
+            return zero, zero
+        return (torch.stack([g.skipped for g in guards]).sum(),
+                torch.stack([g.consecutive for g in guards]).max())
+
+    def skipped_steps(self) -> dict[str, int]:
+        """Critic and actor steps skipped in this process, by kind (reads the device)."""
+        counts = {}
+        for kind, step in (("critic", self.critic_step), ("actor", self.actor_step)):
+            guard = None if step is None else step.guard
+            counts[kind] = 0 if guard is None else int(guard.skipped.item())
+        return counts
+
+    def steps_made(self, updates: int) -> dict[str, int]:
+        """The critic and actor steps of the first ``updates`` updates."""
+        period = self.algorithm.update_period()
+        per_period = sum(self.algorithm.actor_steps(u) for u in range(period))
+        whole, rest = divmod(updates, period)
+        actor = whole * per_period + sum(self.algorithm.actor_steps(u) for u in range(rest))
+        return {"critic": updates, "actor": actor}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _learning_state(self) -> dict[str, Any]:
+        algorithm = self.algorithm
+        return {"actor": algorithm.actor, "critic": algorithm.critic,
+                **algorithm.learning_state(),
+                "actor_optimizer": self.actor_optimizer,
+                "critic_optimizer": self.critic_optimizer}
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {name: part.detach().clone() if isinstance(part, Tensor) else part.state_dict()
+                 for name, part in self._learning_state().items()}
+        return {**state, "updates": self.updates}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Load before :meth:`build`: the steps are captured after it, from these values (a
+        captured optimizer must never be given new state tensors)."""
+        if self.critic_step is not None or self.actor_step is not None:
+            raise RuntimeError("load the learner's state before its steps are built")
+        for name, part in self._learning_state().items():
+            if isinstance(part, Tensor):
+                with torch.no_grad():
+                    part.copy_(state[name])
+            else:
+                part.load_state_dict(state[name])
+        self.updates = int(state["updates"])
