@@ -69,7 +69,6 @@ from rl_graphstep.envs import (
     set_rng_state,
     true_next_observations,
 )
-from rl_graphstep.envworker import EnvWorker
 from rl_graphstep.errors import CheckpointError, ConfigError, RLGraphstepError
 from rl_graphstep.logger import Logger, check_run_dir, claim_run_dir, run_name
 from rl_graphstep.memory import allocation_errors, check_networks_fit
@@ -208,9 +207,7 @@ class Progress:
     nonfinite: NonFiniteTally = field(default_factory=lambda: NonFiniteTally(""))
 
 
-def _pickled_envs(envs: gym.vector.VectorEnv | EnvWorker) -> bytes | None:
-    if isinstance(envs, EnvWorker):
-        return envs.state()
+def _pickled_envs(envs: gym.vector.VectorEnv) -> bytes | None:
     # A sync vector env of pure-Python envs pickles with its full state (exact resume);
     # cloudpickle (gymnasium's own dependency) because gymnasium builds them from closures.
     # Others (subprocesses, simulators with native handles) restart their episodes instead.
@@ -348,7 +345,7 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     use_graph = resolve_graph(cfg, device)
     seed_everything(cfg.seed)
     envs = make_vec_env(cfg.env_id, num_envs=cfg.num_envs, seed=cfg.seed,
-                        asynchronous=cfg.async_envs)
+                        asynchronous=cfg.vec_env == "async")
     observation_space, action_space = envs.single_observation_space, envs.single_action_space
     check_continuous_spaces(cfg.env_id, observation_space, action_space, cfg.algo)
     observation_size, action_size = observation_space.shape[0], action_space.shape[0]
@@ -370,8 +367,6 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
                         nonfinite=NonFiniteTally(cfg.env_id))
     if resumed is not None:
         envs, observations = _restore(resumed, agent, buffer, progress, envs)
-    if cfg.env_worker:
-        envs = EnvWorker(envs)
     if resumed is None:
         observations = first_reset(envs, cfg.seed)
 
@@ -413,8 +408,6 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
         def update() -> None:
             for _ in range(cfg.updates_per_step):
                 agent.update_from(buffer)  # adds its metrics into logger.sums
-            if not cfg.overlap and device.type == "cuda":
-                torch.cuda.synchronize(device)
 
         # The last step's transition: written into the buffer while the next action is being
         # computed (off the path from one env step to the next), before the next updates, and
@@ -517,7 +510,6 @@ def _train(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
                                 if progress.recent_returns else None),
         "graph": agent.use_graph,
         "compile": agent.compile,
-        "env_worker": isinstance(envs, EnvWorker),
         "action_stream": actions_pipe is not None and actions_pipe.side_stream is not None,
         "skipped_transitions": progress.nonfinite.transitions,
         "nonfinite_episodes": progress.nonfinite.episodes,
