@@ -47,16 +47,11 @@ MODES: dict[str, list[str]] = {
     # The default on CUDA: the action on a stream of its own, beside the updates.
     "graph+compile+overlap+action stream (default)": ["--graph", "on", "--compile", "on"],
     "graph+compile+overlap+action stream+tf32": ["--graph", "on", "--compile", "on", "--tf32"],
-    # The envs step in a worker process while the host launches the updates.
-    "graph+compile+overlap+env worker": ["--graph", "on", "--compile", "on", "--env-worker",
-                                         *IN_LINE],
     # With TF32 tensor-core matmuls.
     "graph+compile+overlap+tf32": ["--graph", "on", "--compile", "on", "--tf32", *IN_LINE],
-    "graph+compile+overlap+env worker+tf32": ["--graph", "on", "--compile", "on",
-                                              "--env-worker", "--tf32", *IN_LINE],
     # The same with gymnasium's AsyncVectorEnv (a process per env, results pickled).
-    "graph+compile+overlap+async envs": ["--graph", "on", "--compile", "on", "--async-envs",
-                                         *IN_LINE],
+    "graph+compile+overlap+async envs": ["--graph", "on", "--compile", "on", "--vec-env",
+                                         "async", *IN_LINE],
 }
 DEFAULT_MODES = [m for m in MODES if "async" not in m]
 

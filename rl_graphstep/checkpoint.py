@@ -349,8 +349,8 @@ def _check_run(state: Mapping[str, Any], shown: str, env_id: str | None, algo: s
 
 # ----------------------------------------------------------------------------- run ownership
 
-# The descriptors of the run locks this process holds. A forked child (the env worker,
-# AsyncVectorEnv's workers) shares them, and with them the lock: it would keep a run killed
+# The descriptors of the run locks this process holds. A forked child (AsyncVectorEnv's
+# workers) shares them, and with them the lock: it would keep a run killed
 # with kill -9 locked until it noticed its parent was gone. Children close their copies (that
 # leaves the parent's lock in place: a flock goes with the last descriptor of its file).
 _HELD: set[int] = set()

@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import sys
+from collections.abc import Mapping
 from types import FrameType
 from typing import NoReturn
 
@@ -33,11 +34,16 @@ class OneLineParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` that takes no abbreviations (``--learning 0`` is not
     ``--learning-starts 0``) and reports every mistake as one ``ConfigError`` line (a
     mistyped flag with the nearest real one) instead of a usage block and ``SystemExit``.
-    ``--help`` still prints the help and exits 0."""
+    ``--help`` still prints the help and exits 0.
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
+    ``removed``: flags that no longer exist -> the line that names what replaced them. They
+    are not arguments of the parser, so they are never offered as the nearest flag."""
+
+    def __init__(self, *args: object, removed: Mapping[str, str] | None = None,
+                 **kwargs: object) -> None:
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.removed: Mapping[str, str] = dict(removed or {})
 
     def flags(self) -> list[str]:
         """Every ``--flag`` this parser knows but ``--help`` (no setting to suggest)."""
@@ -67,6 +73,8 @@ class OneLineParser(argparse.ArgumentParser):
             return (f"unexpected argument {extras[0]!r}; every setting is a --flag "
                     f"(see {self.prog} --help)")
         name = flag.split("=", 1)[0]
+        if name in self.removed:
+            return self.removed[name]
         close = difflib.get_close_matches(name, self.flags(), n=1, cutoff=0.6)
         hint = f"did you mean {close[0]}?" if close else f"see {self.prog} --help"
         return f"unknown flag {name} ({hint})"

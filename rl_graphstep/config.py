@@ -9,22 +9,24 @@ import importlib.resources
 import json
 import math
 import typing
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.cli import OneLineParser
 from rl_graphstep.errors import ConfigError
 
 if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11+; the package supports 3.10
     from importlib.resources.abc import Traversable
 
-ALGORITHMS: tuple[str, ...] = ("sac", "td3", "ddpg")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 # The values of every on/off setting that can also be left to the machine.
 SWITCH_MODES: tuple[str, ...] = ("auto", "on", "off")
+VEC_ENVS: tuple[str, ...] = ("sync", "async")
 
 # Env-id base names (before "-vN") that share the MuJoCo default hyperparameters.
 MUJOCO_ENVS: frozenset[str] = frozenset(
@@ -82,21 +84,14 @@ class Config:
         "auto", "torch.compile the update steps before capture: auto (on with cuda), on or off"
     )
     num_envs: int = option(1, "parallel environments of the vector env")
-    async_envs: bool = option(
-        False, "step the parallel environments in subprocesses (gymnasium AsyncVectorEnv)"
-    )
-    env_worker: bool = option(
-        False, "step the environments in one worker process while the host launches the "
-        "updates (experimental: not yet measured faster on the GPU)"
+    vec_env: str = option(
+        "sync", "how the --num-envs environments step: sync (gymnasium's SyncVectorEnv, in "
+        "this process) or async (its AsyncVectorEnv, one subprocess per env)"
     )
     updates_per_step: int = option(1, "gradient updates per environment iteration")
     tf32: bool = option(
         False, "float32 matmuls on TF32 tensor cores (CUDA): faster, with products rounded "
         "to a 10-bit mantissa"
-    )
-    overlap: bool = option(
-        True, "step the environments while the GPU updates (off: wait for each update, a "
-        "benchmark baseline)"
     )
     action_stream: str = option(
         "auto", "with CUDA graphs, select each action on a stream of its own, beside the "
@@ -170,9 +165,6 @@ class Config:
             problem = _value_problem(f.name, getattr(self, f.name))
             if problem:
                 raise ConfigError(f"{_flag(f.name)} {problem}")
-        if self.async_envs and self.env_worker:
-            raise ConfigError("--env-worker and --async-envs both step the environments in "
-                              "other processes; pick one")
         if self.autotune and self.alpha == 0:
             raise ConfigError("--alpha must be > 0 with --autotune (it starts log(alpha)), got 0.0")
         problem = _learning_problem(self)
@@ -207,6 +199,39 @@ FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fiel
 # Resolved annotations (the module uses postponed evaluation, so f.type is a string).
 _TYPES: dict[str, Any] = typing.get_type_hints(Config)
 
+# Settings that left Config -> the line a flag or YAML key naming one gets instead (each was a
+# boolean flag, so its --no- form too). {old} is the name as the user wrote it; any other
+# {field} names today's setting, as a flag on the command line and as a key in a file.
+REMOVED: dict[str, str] = {
+    "async_envs": "{old} was replaced by {vec_env} async ({vec_env} sync is the default)",
+    "env_worker": "{old} was removed: it never measured faster than the default; use "
+                  "{vec_env} async to step the environments in subprocesses",
+    "overlap": "{old} was removed: the loop always steps the environments while the GPU "
+               "updates",
+}
+
+
+class _Spelling(dict[str, str]):
+    """``str.format_map`` names: ``old`` as given, every other key a setting's flag or key."""
+
+    def __init__(self, old: str, *, as_flag: bool) -> None:
+        super().__init__(old=old)
+        self.as_flag = as_flag
+
+    def __missing__(self, name: str) -> str:
+        return _flag(name) if self.as_flag else f"{name}:"
+
+
+def removed_flags() -> dict[str, str]:
+    """Every command-line spelling of a removed setting -> its line."""
+    return {flag: message.format_map(_Spelling(flag, as_flag=True))
+            for name, message in REMOVED.items()
+            for flag in (_flag(name), "--no-" + _flag(name)[2:])}
+
+
+def _removed_key(name: str, source: str) -> str:
+    return REMOVED[name].format_map(_Spelling(f"config key {name!r} in {source}", as_flag=False))
+
 _POSITIVE_INTS = (
     "total_timesteps",
     "num_envs",
@@ -221,8 +246,8 @@ _POSITIVE_INTS = (
     "nonfinite_limit",
 )
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "algo": ALGORITHMS, "device": DEVICES, "graph": SWITCH_MODES, "compile": SWITCH_MODES,
-    "action_stream": SWITCH_MODES,
+    "algo": tuple(ALGORITHMS), "device": DEVICES, "vec_env": VEC_ENVS, "graph": SWITCH_MODES,
+    "compile": SWITCH_MODES, "action_stream": SWITCH_MODES,
 }
 # The auto/on/off settings: YAML 1.1 reads a bare on/off as true/false, and configs saved
 # before --action-stream had an auto value hold a bool there; both mean on/off.
@@ -391,6 +416,8 @@ def _coerce_mapping(data: Mapping[Any, Any], source: str) -> dict[str, Any]:
     """Check keys, types and values of a partial config mapping; `source` names it in errors."""
     out: dict[str, Any] = {}
     for key, raw in data.items():
+        if key in REMOVED:
+            raise ConfigError(_removed_key(key, source))
         if key not in FIELDS:
             close = difflib.get_close_matches(str(key), FIELDS, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
@@ -411,6 +438,20 @@ def _coerce_mapping(data: Mapping[Any, Any], source: str) -> dict[str, Any]:
 def config_from_dict(data: Mapping[str, Any], source: str = "the config mapping") -> Config:
     """Build a Config from a (partial) mapping of field names; missing keys keep defaults."""
     return Config(**_coerce_mapping(data, source))
+
+
+def saved_config_values(saved: Mapping[str, Any], *, resuming: bool = False) -> dict[str, Any]:
+    """A checkpoint's saved config in today's fields. Runs from before --vec-env saved
+    ``async_envs`` (true is ``vec_env: async``), ``env_worker`` and ``overlap`` (dropped: the
+    envs step in this process, beside the updates). ``resuming``: say so where the run was
+    stepped by the env worker."""
+    values = {key: value for key, value in saved.items() if key not in REMOVED}
+    if saved.get("async_envs") is True:
+        values.setdefault("vec_env", "async")
+    if resuming and saved.get("env_worker") is True:
+        warnings.warn("this run stepped its environments in the env worker, which was removed; "
+                      "they now step in this process (--vec-env sync)", stacklevel=3)
+    return values
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
@@ -506,6 +547,7 @@ def build_parser(shown: ShownDefaults | None = None) -> argparse.ArgumentParser:
             "MuJoCo envs; only without --config) < --config FILE < flags given here."
         ),
         argument_default=argparse.SUPPRESS,
+        removed=removed_flags(),
     )
     parser.add_argument(
         "--config", metavar="FILE", help="YAML file of field: value overrides (keys as below)"
@@ -676,7 +718,8 @@ def load_config(argv: Sequence[str] | None = None, *,
         if config_file is not None:
             raise ConfigError("--config cannot be combined with --resume: a resumed run keeps "
                               "its own config; override single settings with their flags")
-        return Config(**{**_coerce_mapping(base, "the resumed run's config"), **given})
+        saved = saved_config_values(base, resuming=True)
+        return Config(**{**_coerce_mapping(saved, "the resumed run's config"), **given})
     if config_file is None:
         # The env's shipped file for the --algo given (a --config file replaces it altogether).
         env_id = given.get("env_id", FIELDS["env_id"].default)

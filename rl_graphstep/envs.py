@@ -21,7 +21,6 @@ import torch
 from gymnasium import error as gym_error
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
-from rl_graphstep.envworker import EnvWorker
 from rl_graphstep.errors import ConfigError, EnvError, first_line, user_location
 
 __all__ = [
@@ -83,7 +82,7 @@ def make_vec_env(
     return envs
 
 
-def first_reset(envs: VectorEnv | EnvWorker, seed: int) -> np.ndarray:
+def first_reset(envs: VectorEnv, seed: int) -> np.ndarray:
     """The first observations, from ``envs.reset(seed=seed)``; a custom env whose reset
     fails is one line naming the error and the user's line."""
     try:
@@ -267,29 +266,23 @@ class EpisodeStatistics:
 
 class EnvStepper:
     """Steps a vector env in two halves. `start(actions)` hands the actions over: envs in
-    other processes (`EnvWorker`, an `AsyncVectorEnv`) start stepping at once, so the caller
-    can do other work (launch the updates) meanwhile; `finish()` returns the step's results.
-    An in-process env steps in `finish`."""
+    subprocesses (an `AsyncVectorEnv`) start stepping at once, so the caller can do other
+    work (launch the updates) meanwhile; `finish()` returns the step's results. An
+    in-process env steps in `finish`."""
 
-    def __init__(self, envs: VectorEnv | EnvWorker) -> None:
+    def __init__(self, envs: VectorEnv) -> None:
         self.envs = envs
-        self._worker = envs if isinstance(envs, EnvWorker) else None
-        self._async = (envs.unwrapped if self._worker is None
-                       and isinstance(envs.unwrapped, AsyncVectorEnv) else None)
-        self.asynchronous = self._worker is not None or self._async is not None
+        self._async = envs.unwrapped if isinstance(envs.unwrapped, AsyncVectorEnv) else None
+        self.asynchronous = self._async is not None
         self._actions: np.ndarray | None = None
 
     def start(self, actions: np.ndarray) -> None:
-        if self._worker is not None:
-            self._worker.start(actions)
-        elif self._async is not None:
+        if self._async is not None:
             self._async.step_async(actions)
         else:
             self._actions = actions
 
     def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
-        if self._worker is not None:
-            return self._worker.finish()
         if self._async is not None:
             return self._async.step_wait()
         if self._actions is None:

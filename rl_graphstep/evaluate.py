@@ -26,7 +26,7 @@ from torch import nn
 from rl_graphstep.algorithms import ALGORITHMS, OffPolicyAlgorithm
 from rl_graphstep.checkpoint import CHECKPOINT_DIR, find_checkpoint, load_checkpoint
 from rl_graphstep.cli import OneLineParser, end_startup_guard, exit_quietly
-from rl_graphstep.config import SEED_MAX, Config, config_from_dict
+from rl_graphstep.config import SEED_MAX, Config, config_from_dict, saved_config_values
 from rl_graphstep.envs import check_continuous_spaces, make_vec_env, scale_action, seed_everything
 from rl_graphstep.errors import (
     CheckpointError,
@@ -91,7 +91,8 @@ def evaluate(run_dir: Path | str, episodes: int = 10, seed: int = 0, device: str
                           f"range), got {seed}")
     checkpoint = find_checkpoint(run_dir)
     state = load_checkpoint(checkpoint)
-    cfg = config_from_dict(state["config"], source=f"checkpoint {display_path(str(checkpoint))}")
+    cfg = config_from_dict(saved_config_values(state["config"]),
+                           source=f"checkpoint {display_path(str(checkpoint))}")
     # File networks are recorded relative to the run folder, where the run keeps their copies.
     folder = _run_folder(checkpoint)
     cfg = dataclasses.replace(cfg, actor=run_relative(cfg.actor, folder),

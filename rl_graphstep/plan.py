@@ -74,7 +74,7 @@ def plan_run(cfg: Config, device: torch.device, *, updates_ahead: int) -> RunPla
         note = f"compile auto: {'on' if compile else 'off'}, {why}"
     return RunPlan(device=device, graphs=graphs, compile=compile,
                    action_stream=cfg.action_stream != "off" and graphs,
-                   vec_env=getattr(cfg, "vec_env", "sync"), tf32=cfg.tf32,
+                   vec_env=cfg.vec_env, tf32=cfg.tf32,
                    graph_fallback=cfg.graph == "auto" and graphs,
                    compile_fallback=cfg.compile == "auto" and compile,
                    insist_on_action_stream=cfg.action_stream == "on", compile_note=note)

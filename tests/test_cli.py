@@ -61,7 +61,8 @@ def bad_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         "                 kwargs={'where': where})\n")
     for name, text in {"seed_huge": "seed: 1e30\n", "seed_int": "seed: 4294967296\n",
                        "lr_inf": "q_lr: .inf\n", "name_nul": 'run_name: "a\\0b"\n',
-                       "envs_huge": "num_envs: 100000000\n"}.items():
+                       "envs_huge": "num_envs: 100000000\n",
+                       "old_async": "num_envs: 2\nasync_envs: true\n"}.items():
         (tmp_path / f"{name}.yaml").write_text(text)
     return tmp_path
 
@@ -102,6 +103,16 @@ BAD_TRAIN_INPUTS = [
     (["--learnin-starts", "5"], "unknown flag --learnin-starts (did you mean --learning-starts?)"),
     (["--batch-size=3", "--zzzz"], "unknown flag --zzzz"),
     (["stray"], "unexpected argument 'stray'"),
+    # Removed flags and keys name what replaced them (the nearest-flag hint never offers one).
+    (["--async-envs"],
+     "error: --async-envs was replaced by --vec-env async (--vec-env sync is the default)\n"),
+    (["--env-worker"], "error: --env-worker was removed: it never measured faster than the "
+                       "default; use --vec-env async to step the environments in subprocesses\n"),
+    (["--no-overlap"], "error: --no-overlap was removed: the loop always steps the "
+                       "environments while the GPU updates\n"),
+    (["--config", "old_async.yaml"], "error: config key 'async_envs' in old_async.yaml was "
+     "replaced by vec_env: async (vec_env: sync is the default)\n"),
+    (["--vec-env", "spawn"], "error: --vec-env must be one of sync, async, got 'spawn'\n"),
     (["--seed", "x"], "--seed must be an int, got 'x'"),
     (["--gamma", "y"], "--gamma must be a number, got 'y'"),
     (["--seed"], "--seed needs a value"),

@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import subprocess
+import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
+from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.config import (
-    ALGORITHMS,
+    FIELDS,
+    REMOVED,
     Config,
+    build_parser,
     config_from_dict,
     config_to_dict,
     default_config_file,
     load_config,
     read_config_file,
+    removed_flags,
+    saved_config_values,
     to_markdown_table,
 )
 from rl_graphstep.errors import ConfigError
@@ -250,6 +258,7 @@ def test_bad_value_in_yaml_names_the_file(tmp_path: Path) -> None:
         (["--action-stream", "yes"],
          "--action-stream must be one of auto, on, off, got 'yes'"),
         (["--algo", "ppo"], "--algo must be one of sac, td3, ddpg, got 'ppo'"),
+        (["--vec-env", "subprocess"], "--vec-env must be one of sync, async, got 'subprocess'"),
         (["--gamma", "1.5"], "--gamma must be in [0, 1], got 1.5"),
         (["--q-lr", "0"], "--q-lr must be > 0, got 0.0"),
         (["--hidden-sizes", "64", "0"], "--hidden-sizes must be one or more positive ints"),
@@ -498,3 +507,107 @@ def test_the_shipped_configs_could_all_update() -> None:
         cfg = load_config(["--algo", algo, "--env", env_id])
         assert cfg.learning_starts < cfg.total_timesteps
         assert cfg.batch_size <= min(cfg.buffer_size, cfg.total_timesteps - 1)
+
+
+# ----------------------------------------------------------------------------- removed settings
+
+ASYNC_LINE = "was replaced by --vec-env async (--vec-env sync is the default)"
+WORKER_LINE = ("was removed: it never measured faster than the default; use --vec-env async to "
+               "step the environments in subprocesses")
+OVERLAP_LINE = "was removed: the loop always steps the environments while the GPU updates"
+
+
+@pytest.mark.parametrize(("flag", "line"), [
+    ("--async-envs", ASYNC_LINE), ("--no-async-envs", ASYNC_LINE),
+    ("--env-worker", WORKER_LINE), ("--no-env-worker", WORKER_LINE),
+    ("--overlap", OVERLAP_LINE), ("--no-overlap", OVERLAP_LINE),
+], ids=lambda value: value if value.startswith("--") else "")
+def test_a_removed_flag_names_its_replacement(flag: str, line: str) -> None:
+    assert one_line_error(["--env", "Pendulum-v1", flag], "^--") == f"{flag} {line}"
+    # However it is written, and also when resuming.
+    assert one_line_error([f"{flag}=true"], "^--") == f"{flag} {line}"
+    with pytest.raises(ConfigError) as info:
+        load_config(["--resume", "runs/x", flag], base=config_to_dict(Config()))
+    assert str(info.value) == f"{flag} {line}"
+
+
+def test_the_nearest_flag_is_never_a_removed_one() -> None:
+    for flag in removed_flags():
+        for typo in {flag[:-1], flag + "s", "--" + flag[2:].replace("-", "_")} - {flag}:
+            message = one_line_error([typo], "unknown flag")
+            assert not any(f"did you mean {removed}?" in message for removed in removed_flags())
+
+
+@pytest.mark.parametrize(("key", "line"), [
+    ("async_envs", "was replaced by vec_env: async (vec_env: sync is the default)"),
+    ("env_worker", "was removed: it never measured faster than the default; use vec_env: "
+                   "async to step the environments in subprocesses"),
+    ("overlap", OVERLAP_LINE),
+], ids=lambda value: value if "_" in value or value == "overlap" else "")
+def test_a_removed_yaml_key_names_its_replacement(tmp_path: Path, key: str, line: str) -> None:
+    path = write(tmp_path, f"batch_size: 64\n{key}: true\n")
+    assert one_line_error(["--config", path], "^config key") == (
+        f"config key {key!r} in {path} {line}")
+
+
+def test_removed_settings_are_no_fields_and_no_flags() -> None:
+    assert not set(REMOVED) & set(FIELDS)
+    assert set(removed_flags()) == {"--async-envs", "--no-async-envs", "--env-worker",
+                                    "--no-env-worker", "--overlap", "--no-overlap"}
+    flags = build_parser().flags()
+    assert "--vec-env" in flags and not set(removed_flags()) & set(flags)
+
+
+def test_vec_env_from_flag_and_yaml(tmp_path: Path) -> None:
+    assert Config().vec_env == "sync"
+    assert load_config(["--vec-env", "async"]).vec_env == "async"
+    path = write(tmp_path, "vec_env: async\n")
+    assert load_config(["--config", path]).vec_env == "async"
+    assert load_config(["--config", path, "--vec-env", "sync"]).vec_env == "sync"
+
+
+def old_saved_config(**old: bool) -> dict[str, object]:
+    """A config as checkpoints saved it before --vec-env: the three bools, no vec_env."""
+    saved = config_to_dict(Config(num_envs=2))
+    del saved["vec_env"]
+    return {**saved, "async_envs": False, "env_worker": False, "overlap": True, **old}
+
+
+def test_a_checkpoint_config_from_before_vec_env_resumes() -> None:
+    resume = ["--resume", "runs/x"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no warning but for the env worker
+        cfg = load_config(resume, base=old_saved_config(async_envs=True))
+        assert cfg == Config(num_envs=2, vec_env="async", resume="runs/x")
+        assert load_config([*resume, "--vec-env", "sync"],
+                           base=old_saved_config(async_envs=True)).vec_env == "sync"
+        assert load_config(resume, base=old_saved_config(overlap=False)) == dataclasses.replace(
+            cfg, vec_env="sync")
+    with pytest.warns(UserWarning, match=r"^this run stepped its environments in the env "
+                      r"worker, which was removed; they now step in this process "
+                      r"\(--vec-env sync\)$"):
+        cfg = load_config(resume, base=old_saved_config(env_worker=True))
+    assert cfg.vec_env == "sync"
+
+
+def test_a_checkpoint_config_from_before_vec_env_evaluates() -> None:
+    """evaluate's path: saved_config_values then config_from_dict, without warnings."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for old, vec_env in (({"async_envs": True}, "async"), ({"env_worker": True}, "sync")):
+            values = saved_config_values(old_saved_config(**old))
+            assert not set(REMOVED) & set(values)
+            assert config_from_dict(values) == Config(num_envs=2, vec_env=vec_env)
+
+
+def test_config_takes_the_algorithm_names_without_importing_an_algorithm() -> None:
+    """One registry (rl_graphstep.algorithms) whose names cost no import of torch modules
+    beyond config's own."""
+    code = ("import sys, rl_graphstep.config as c\n"
+            "print(c.FIELDS['algo'].metadata['help'], "
+            "[m for m in sys.modules if m.startswith('rl_graphstep.algorithms.')])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out == "algorithm, one of sac, td3, ddpg []\n"
+    assert {name: cls.name for name, cls in ALGORITHMS.items()} == {n: n for n in ALGORITHMS}
+    assert "ppo" not in ALGORITHMS and len(ALGORITHMS) == 3

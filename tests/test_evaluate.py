@@ -78,6 +78,26 @@ def test_a_checkpoint_file_evaluates_too(run_dir: Path) -> None:
             == evaluate(run_dir, episodes=1, device="cpu", verbose=False))
 
 
+@pytest.mark.parametrize("old_settings", [
+    {"async_envs": True, "env_worker": False, "overlap": True},
+    {"async_envs": False, "env_worker": True, "overlap": False},
+], ids=["async-envs", "env-worker"])
+def test_a_checkpoint_saved_before_vec_env_evaluates(
+        old_settings: dict[str, bool], run_dir: Path, tmp_path: Path,
+        recwarn: pytest.WarningsRecorder) -> None:
+    """A config that holds async_envs, env_worker and overlap (removed since) still loads,
+    without a warning: evaluation steps one env of its own whatever the run stepped."""
+    old = write_run(tmp_path / "old")
+    file = old / "checkpoints" / f"step_{STEP:012d}.pt"
+    state = torch.load(file, weights_only=False)
+    del state["config"]["vec_env"]
+    state["config"].update(old_settings)
+    torch.save(state, file)
+    assert (evaluate(old, episodes=1, device="cpu", verbose=False)
+            == evaluate(run_dir, episodes=1, device="cpu", verbose=False))
+    assert not [w for w in recwarn if "env worker" in str(w.message)]
+
+
 def test_the_cli_prints_one_summary_line(run_dir: Path, capsys: pytest.CaptureFixture[str]
                                          ) -> None:
     expected = evaluate(run_dir, episodes=2, seed=0, device="cpu", verbose=False)

@@ -522,7 +522,12 @@ def test_updates_per_step_and_the_loop_summary(tmp_path: Path) -> None:
 
 
 def test_async_envs_train(tmp_path: Path) -> None:
-    assert main([*SHORT, "--num-envs", "2", "--async-envs", "--log-dir", str(tmp_path)]) == 0
+    assert main([*SHORT, "--num-envs", "2", "--vec-env", "async", "--log-dir", str(tmp_path)]) == 0
+    from rl_graphstep.checkpoint import load_checkpoint
+
+    state = load_checkpoint(next(tmp_path.iterdir()))
+    assert state["config"]["vec_env"] == "async" and state["global_step"] == 300
+    assert state["envs"] is None  # AsyncVectorEnv's subprocesses do not pickle; sync ones do
 
 
 def test_compiled_eager_step_matches_the_uncompiled_one() -> None:

@@ -295,10 +295,9 @@ BASE = ["--env", "Pendulum-v1", "--device", "cuda", "--total-timesteps", "400",
     ["--graph", "on"],  # compile auto: off, 200 updates do not pay for compiling
     ["--graph", "on", "--compile", "off"],
     ["--graph", "off"],
-    ["--graph", "on", "--compile", "off", "--no-overlap"],
     ["--graph", "on", "--compile", "off", "--updates-per-step", "2", "--num-envs", "2",
-     "--async-envs"],
-], ids=["graph+compile", "graph-auto", "graph", "eager", "graph-no-overlap", "k2-async"])
+     "--vec-env", "async"],
+], ids=["graph+compile", "graph-auto", "graph", "eager", "k2-async"])
 def test_every_loop_mode_runs(flags: list[str], tmp_path: Path) -> None:
     summary = train(load_config([*BASE, *flags, "--log-dir", str(tmp_path)]))
     assert summary["graph"] is (flags[1] == "on")

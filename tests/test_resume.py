@@ -63,18 +63,25 @@ def test_resume_continues_bit_for_bit(algo: str, tmp_path: Path) -> None:
     assert_same_state(straight["recent_returns"], halves["recent_returns"])
 
 
-def test_a_run_stepped_in_the_env_worker_is_the_same_run(tmp_path: Path) -> None:
-    """The worker changes where the envs step, nothing else: a run stepped in it and resumed
-    half-way in process ends exactly as a run stepped in process throughout."""
+def test_a_checkpoint_saved_before_vec_env_resumes_as_the_same_run(tmp_path: Path) -> None:
+    """A checkpoint whose config holds the settings of before --vec-env (async_envs,
+    env_worker, overlap) resumes: the env worker is dropped with a warning and the envs step
+    in process, ending exactly as a run stepped in process throughout."""
     args = [*SMALL, "--log-dir", str(tmp_path)]
     train(load_config([*args, "--total-timesteps", "800", "--run-name", "straight"]))
-    summary = train(load_config([*args, "--total-timesteps", "400", "--run-name", "halves",
-                                 "--env-worker"]))
-    assert summary["env_worker"] is True
-    assert main(["--resume", str(tmp_path / "halves"), "--total-timesteps", "800",
-                 "--no-env-worker"]) == 0
+    train(load_config([*args, "--total-timesteps", "400", "--run-name", "halves"]))
+    saved = list_checkpoints(tmp_path / "halves")[-1]
+    state = torch.load(saved, weights_only=False)
+    config = state["config"]
+    del config["vec_env"]
+    config.update(async_envs=False, env_worker=True, overlap=True)  # as the old runs saved
+    torch.save(state, saved)
+    with pytest.warns(UserWarning, match="stepped its environments in the env worker, which "
+                      "was removed; they now step in this process"):
+        assert main(["--resume", str(tmp_path / "halves"), "--total-timesteps", "800"]) == 0
     straight = load_checkpoint(tmp_path / "straight")
     halves = load_checkpoint(tmp_path / "halves")
+    assert halves["config"]["vec_env"] == "sync" and "env_worker" not in halves["config"]
     assert_same_state(straight["agent"], halves["agent"])
     assert_same_state(straight["recent_returns"], halves["recent_returns"])
     envs = [pickle.loads(run["envs"]) for run in (straight, halves)]
@@ -152,10 +159,11 @@ def test_a_signal_saves_flushes_and_resumes(signum: int, code: int, tmp_path: Pa
     assert load_checkpoint(tmp_path / "run")["global_step"] == stopped_at + 100
 
 
-def test_ctrl_c_to_the_process_group_spares_the_env_worker(tmp_path: Path) -> None:
-    """A terminal's Ctrl-C reaches every process of the group, the env worker too: it must
-    live on so the checkpoint can take the envs' state from it."""
-    args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--env-worker"]
+def test_ctrl_c_to_the_process_group_spares_the_env_subprocesses(tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches every process of the group, AsyncVectorEnv's workers too:
+    they must live on so the run can save its checkpoint and close them."""
+    args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--vec-env", "async",
+            "--num-envs", "2"]
     process = subprocess.Popen(
         [sys.executable, "-m", "rl_graphstep.train", *args, "--total-timesteps", "100000"],
         cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -166,7 +174,7 @@ def test_ctrl_c_to_the_process_group_spares_the_env_worker(tmp_path: Path) -> No
     os.killpg(process.pid, signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
-    assert load_checkpoint(tmp_path / "run")["envs"] is not None
+    assert load_checkpoint(tmp_path / "run")["global_step"] > 0
 
 
 def test_a_new_run_never_overwrites_an_existing_one(tmp_path: Path,
@@ -227,7 +235,7 @@ def test_a_second_resume_of_a_run_is_refused(tmp_path: Path,
 def test_the_lock_of_a_killed_training_is_free(tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     """kill -9 runs no clean-up; the kernel drops the process's lock all the same, even while
-    a process it forked (as for the env worker) lives on."""
+    a process it forked (an env subprocess, say) lives on."""
     run_dir = tmp_path / "run"
     holder = subprocess.Popen(
         [sys.executable, "-c", "import multiprocessing, sys, time\n"

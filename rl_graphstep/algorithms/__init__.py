@@ -1,10 +1,66 @@
-"""The off-policy actor-critic algorithms, by the name ``--algo`` takes."""
+"""The off-policy actor-critic algorithms, by the name ``--algo`` takes: the one registry.
 
-from rl_graphstep.algorithms.base import OffPolicyAlgorithm
-from rl_graphstep.algorithms.ddpg import DDPG
-from rl_graphstep.algorithms.sac import SAC
-from rl_graphstep.algorithms.td3 import TD3
+Classes are imported on first use, so that config can take the names from here (the
+algorithms' own modules import config) without importing any algorithm.
+"""
 
-ALGORITHMS: dict[str, type[OffPolicyAlgorithm]] = {"sac": SAC, "td3": TD3, "ddpg": DDPG}
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rl_graphstep.algorithms.base import OffPolicyAlgorithm
+    from rl_graphstep.algorithms.ddpg import DDPG
+    from rl_graphstep.algorithms.sac import SAC
+    from rl_graphstep.algorithms.td3 import TD3
 
 __all__ = ["ALGORITHMS", "DDPG", "SAC", "TD3", "OffPolicyAlgorithm"]
+
+# --algo name -> "module:Class"; a new algorithm is one line here.
+_CLASSES: dict[str, str] = {
+    "sac": "rl_graphstep.algorithms.sac:SAC",
+    "td3": "rl_graphstep.algorithms.td3:TD3",
+    "ddpg": "rl_graphstep.algorithms.ddpg:DDPG",
+}
+
+
+def _load(spec: str) -> Any:
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+class _Registry(Mapping[str, "type[OffPolicyAlgorithm]"]):
+    """A read-only ``{name: class}`` mapping whose names need no import and whose classes
+    are imported when looked up."""
+
+    def __getitem__(self, name: str) -> type[OffPolicyAlgorithm]:
+        return _load(_CLASSES[name])
+
+    def __contains__(self, name: object) -> bool:
+        return name in _CLASSES  # Mapping's default would import the class
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_CLASSES)
+
+    def __len__(self) -> int:
+        return len(_CLASSES)
+
+    def __repr__(self) -> str:
+        return f"ALGORITHMS({', '.join(_CLASSES)})"
+
+
+ALGORITHMS: Mapping[str, type[OffPolicyAlgorithm]] = _Registry()
+
+_EXPORTS: dict[str, str] = {
+    "OffPolicyAlgorithm": "rl_graphstep.algorithms.base:OffPolicyAlgorithm",
+    **{_CLASSES[name].rpartition(":")[2]: _CLASSES[name] for name in _CLASSES},
+}
+
+
+def __getattr__(name: str) -> Any:
+    # `from rl_graphstep.algorithms import SAC` imports the class then, not with the package.
+    if name in _EXPORTS:
+        return _load(_EXPORTS[name])
+    raise AttributeError(f"module 'rl_graphstep.algorithms' has no attribute {name!r}")
