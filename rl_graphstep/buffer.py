@@ -1,8 +1,9 @@
 """Replay buffer: a ring of packed transition rows preallocated on the training device.
 
 A row is `[observation | action | reward | not_done | next_observation]` (`RowLayout`), so a
-sampled batch splits without copies into the critic step's inputs and targets. A sample is always exactly `batch_size` rows, drawn
-on the device, so it can feed a captured step's static buffers without a host sync.
+sampled batch splits without copies into the critic step's inputs and targets. A sample is
+always exactly `batch_size` rows, drawn on the device, so it can feed a captured step's static
+buffers without a host sync.
 """
 
 from __future__ import annotations
