@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rl_graphstep import buffer as buffer_module
-from rl_graphstep.buffer import ReplayBuffer, Transition, write_rows
+from rl_graphstep.buffer import CriticTargets, ReplayBuffer, write_rows
 from rl_graphstep.errors import CaptureError, ConfigError
 
 OBS, ACT = 3, 2
@@ -35,7 +35,8 @@ def expected_row(i: int) -> list[float]:
 def test_layout_and_sizes() -> None:
     replay = ReplayBuffer(5, OBS, ACT, "cpu")
     assert replay.row_size == 2 * OBS + ACT + 2 == 10
-    assert replay.critic_input_size == 5
+    assert replay.layout.critic_inputs == slice(0, 5)
+    assert replay.layout.critic_targets == slice(5, 10)
     assert replay.storage.shape == (5, 10)
     assert replay.nbytes == 5 * 10 * 4
     assert replay.device == torch.device("cpu")
@@ -86,7 +87,7 @@ def test_not_done_is_one_minus_terminations() -> None:
     # Float 0/1 terminations are accepted as well as booleans.
     obs, act, rew, next_obs, _ = batch(4, 2)
     replay.add(obs, act, rew, next_obs, np.array([1.0, 0.0]))
-    not_dones = replay.split(replay.storage[:6]).not_dones
+    not_dones = replay.storage[:6, replay.layout.not_dones]
     assert not_dones.flatten().tolist() == [0.0, 1.0, 1.0, 0.0, 0.0, 1.0]
 
 
@@ -140,28 +141,27 @@ def test_sample_from_empty_buffer_fails_clearly() -> None:
         replay.sample(4)
 
 
-def test_split_layout() -> None:
+def test_row_layout() -> None:
     replay = ReplayBuffer(4, OBS, ACT, "cpu")
     replay.add(*batch(0, 2))
     rows = replay.storage[:2]
-    parts = replay.split(rows)
-    assert isinstance(parts, Transition)
-    torch.testing.assert_close(parts.observations, torch.tensor([[0, 0.1, 0.2], [1, 1.1, 1.2]]))
-    torch.testing.assert_close(parts.actions, torch.tensor([[0, -0.5], [-1, -1.5]]))
-    assert parts.rewards.shape == (2, 1)
-    assert parts.rewards.flatten().tolist() == [0.0, 10.0]
-    assert parts.not_dones.shape == (2, 1)
-    assert parts.not_dones.flatten().tolist() == [1.0, 0.0]
-    torch.testing.assert_close(
-        parts.next_observations, torch.tensor([[1000, 1000.1, 1000.2], [1001, 1001.1, 1001.2]])
-    )
-    # Views, not copies: they share the rows' memory.
-    assert parts.next_observations.data_ptr() == rows[:, 7:].data_ptr()
-    targets = rows[:, replay.critic_input_size :]
-    rewards, not_dones, next_obs = replay.split_targets(targets)
-    assert torch.equal(rewards, parts.rewards)
-    assert torch.equal(not_dones, parts.not_dones)
-    assert torch.equal(next_obs, parts.next_observations)
+    layout = replay.layout
+    torch.testing.assert_close(rows[:, layout.observations],
+                               torch.tensor([[0, 0.1, 0.2], [1, 1.1, 1.2]]))
+    torch.testing.assert_close(rows[:, layout.actions], torch.tensor([[0, -0.5], [-1, -1.5]]))
+    torch.testing.assert_close(rows[:, layout.critic_inputs], rows[:, :5])
+    assert rows[:, layout.rewards].flatten().tolist() == [0.0, 10.0]
+    assert rows[:, layout.not_dones].flatten().tolist() == [1.0, 0.0]
+    next_observations = torch.tensor([[1000, 1000.1, 1000.2], [1001, 1001.1, 1001.2]])
+    torch.testing.assert_close(rows[:, layout.next_observations], next_observations)
+    # What the critic step receives: views of its target columns, not copies.
+    targets = layout.split_targets(rows[:, layout.critic_targets])
+    assert isinstance(targets, CriticTargets)
+    assert targets.rewards.shape == targets.not_dones.shape == (2, 1)
+    assert targets.rewards.flatten().tolist() == [0.0, 10.0]
+    assert targets.not_dones.flatten().tolist() == [1.0, 0.0]
+    torch.testing.assert_close(targets.next_observations, next_observations)
+    assert targets.next_observations.data_ptr() == rows[:, 7:].data_ptr()
 
 
 def test_too_big_for_memory(monkeypatch: pytest.MonkeyPatch) -> None:
