@@ -1,14 +1,16 @@
 """Shared test set-up: one intra-op thread, `cuda` tests skip cleanly on a machine without a
-GPU, and `slow` tests (minutes of training) run without the stack dump of
+GPU, a `torch_threads` fixture, and `slow` tests (minutes of training) run without the stack dump of
 `faulthandler_timeout`."""
 
 from __future__ import annotations
 
 import faulthandler
+from collections.abc import Iterator
 
 import pytest
 import torch
 
+from rl_graphstep import threads
 from rl_graphstep.threads import user_chose_threads
 
 
@@ -35,3 +37,16 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     # learning run passes the timeout by design, and 80 lines of stack then read like a hang.
     if "slow" in item.keywords:
         faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture
+def torch_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No thread count chosen by the user (no OMP_NUM_THREADS, torch's count as at import),
+    two threads to start from; the process's count comes back after the test."""
+    before = torch.get_num_threads()
+    for name in threads.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    torch.set_num_threads(2)
+    monkeypatch.setattr(threads, "_IMPORT_COUNT", 2)
+    yield
+    torch.set_num_threads(before)

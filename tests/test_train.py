@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +17,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from rl_graphstep import train as train_module
 from rl_graphstep.acting import ActionPipe
-from rl_graphstep.algorithms.base import ActorCritic
 from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.checkpoint import load_checkpoint
-from rl_graphstep.config import Config, load_config
+from rl_graphstep.config import load_config
+from rl_graphstep.learners import OffPolicyLearner
 from rl_graphstep.train import main, train
 
 TAGS = {
@@ -53,31 +53,6 @@ def test_train_from_python_returns_a_summary(tmp_path: Path) -> None:
     assert summary["mean_return_last_10"] < 0
 
 
-def test_the_cuda_loop_runs_on_one_cpu_thread_and_gives_the_count_back() -> None:
-    previous = torch.get_num_threads()
-    with train_module.loop_threads(torch.device("cuda")):
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == previous
-    with pytest.raises(RuntimeError), train_module.loop_threads(torch.device("cuda")):
-        raise RuntimeError("the loop failed")
-    assert torch.get_num_threads() == previous
-
-
-@pytest.fixture
-def torch_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """No thread count chosen by the user (no OMP_NUM_THREADS, torch's count as at import),
-    two threads to start from; the process's count comes back after the test."""
-    from rl_graphstep import threads
-
-    before = torch.get_num_threads()
-    for name in threads.THREAD_VARIABLES:
-        monkeypatch.delenv(name, raising=False)
-    torch.set_num_threads(2)
-    monkeypatch.setattr(threads, "_IMPORT_COUNT", 2)
-    yield
-    torch.set_num_threads(before)
-
-
 def test_cpu_training_runs_on_one_thread_and_gives_the_count_back(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, torch_threads: None) -> None:
     seen = []
@@ -95,27 +70,6 @@ def test_cpu_training_runs_on_one_thread_and_gives_the_count_back(
     with pytest.raises(RuntimeError, match="the loop failed"):
         train(load_config(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), *SHORT]))
     assert seen == [1, 1] and torch.get_num_threads() == 2
-
-    # A value OpenMP rejects (it warns, and torch keeps its default) chose no count.
-    monkeypatch.setenv("OMP_NUM_THREADS", "abc")
-    with train_module.loop_threads(torch.device("cpu")):
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == 2
-
-
-@pytest.mark.parametrize("chosen", ["OMP_NUM_THREADS", "MKL_NUM_THREADS", "set_num_threads"])
-def test_cpu_training_keeps_a_thread_count_the_user_chose(
-        chosen: str, monkeypatch: pytest.MonkeyPatch, torch_threads: None) -> None:
-    if chosen == "set_num_threads":
-        torch.set_num_threads(3)  # after rl_graphstep was imported
-    else:
-        monkeypatch.setenv(chosen, "2")
-    expected = torch.get_num_threads()
-    with train_module.loop_threads(torch.device("cpu")):
-        assert torch.get_num_threads() == expected
-    with train_module.loop_threads(torch.device("cuda")):  # the CUDA loop: one, always
-        assert torch.get_num_threads() == 1
-    assert torch.get_num_threads() == expected
 
 
 def test_tf32_holds_for_the_run_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -169,15 +123,15 @@ def test_the_last_transition_is_written_while_the_next_action_is_computed(
         return record
 
     for cls, name in ((ActionPipe, "request"), (ActionPipe, "wait"), (ReplayBuffer, "add"),
-                      (ActorCritic, "update_from")):
+                      (OffPolicyLearner, "update")):
         monkeypatch.setattr(cls, name, recording(name, getattr(cls, name)))
     summary = train(load_config(["--env", "Pendulum-v1", "--log-dir", str(tmp_path),
                                  "--run-name", "order", *SHORT, "--save-buffer"]))
     assert summary["global_step"] == 400
     first = calls.index("request")  # learning starts at step 150
     assert calls[:first] == ["add"] * 150  # steps 0-148, and 149 before the steps are built
-    assert calls[first:] == ["request", "update_from", "wait"] + [
-        "request", "add", "update_from", "wait"] * 249 + ["add"]  # the last, before saving
+    assert calls[first:] == ["request", "update", "wait"] + [
+        "request", "add", "update", "wait"] * 249 + ["add"]  # the last, before saving
     assert load_checkpoint(tmp_path / "order")["buffer"]["size"] == 400
 
 
@@ -316,26 +270,6 @@ def test_the_action_stream_without_cuda_graphs_acts_in_line(tmp_path: Path) -> N
     assert len({s["mean_return_last_10"] for s in summaries.values()}) == 1
 
 
-def test_the_action_stream_needs_a_policy_that_takes_host_noise() -> None:
-    from types import SimpleNamespace
-
-    from rl_graphstep.train import _acts_beside
-
-    class PlainActor:
-        pass
-
-    agent = SimpleNamespace(use_graph=True, actor=PlainActor(),
-                            exploration_noise_size=lambda: 0)
-    with pytest.warns(UserWarning, match=r"PlainActor has no sample\(observations, noise\)"):
-        assert _acts_beside(agent, Config(action_stream="on")) is False
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # auto falls back silently
-        assert _acts_beside(agent, Config(action_stream="auto")) is False
-    agent.exploration_noise_size = lambda: 3
-    assert _acts_beside(agent, Config(action_stream="auto")) is True
-    assert _acts_beside(agent, Config(action_stream="on")) is True
-    assert _acts_beside(agent, Config(action_stream="off")) is False
-
 # Shorter still, for tests of what a run prints: one 200-step episode, learning from step 80.
 TINY = [*SHORT, "--total-timesteps", "200", "--learning-starts", "80", "--batch-size", "16",
         "--hidden-sizes", "8", "8", "--log-interval", "50"]
@@ -374,7 +308,8 @@ def test_no_progress_prints_the_start_and_final_lines_only(
     lines = out.splitlines()
     assert len(lines) == 3 and err == ""
     assert lines[0].startswith(f"{tmp_path / 'quiet'}: SAC on Pendulum-v1, cpu")
-    assert lines[1].startswith("updates: eager; built in ")
+    assert lines[1].startswith("updates: eager, actions in line, sync envs, float32 matmuls; "
+                               "built in ")
     assert re.fullmatch(r"done: 200 steps, 1 episodes, mean return of the last 10: -\d+\.\d, "
                         r"[\d,]+ steps/s \(learning phase [\d,]+ steps/s; updates built in "
                         r"\d+\.\d s\); skipped 0 non-finite transitions, 0 of 120 critic "
@@ -422,11 +357,11 @@ def test_a_run_named_by_the_clock_is_owned_while_it_trains(
     refused: list[str] = []
     log = train_module._log
 
-    def log_and_try_to_own(logger: Any, *args: Any, **kwargs: Any) -> None:
-        with pytest.raises(RunFolderError) as info, RunLock(logger.run_dir):
+    def log_and_try_to_own(run: Any) -> None:
+        with pytest.raises(RunFolderError) as info, RunLock(run.run_dir):
             pass
         refused.append(str(info.value))
-        log(logger, *args, **kwargs)
+        log(run)
 
     monkeypatch.setattr(train_module, "_log", log_and_try_to_own)
     summary = train(load_config(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), *SHORT]))
