@@ -22,12 +22,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import gymnasium as gym
-import numpy as np
 import torch
+from learner import box, built_learner
 
-from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.config import Config
+from rl_graphstep.learners import OffPolicyLearner
 
 # (label, observation size, action size, hidden sizes)
 SIZES = [("Pendulum 3/1, 256-256", 3, 1, (256, 256)),
@@ -35,30 +34,26 @@ SIZES = [("Pendulum 3/1, 256-256", 3, 1, (256, 256)),
 BURN = "while True:\n    pass\n"
 
 
-def make_agent(algo: str, observation_size: int, action_size: int,
-               hidden_sizes: tuple[int, ...]) -> object:
-    """The algorithm's agent with its default networks on the CPU, as `train()` builds it."""
-    obs = gym.spaces.Box(-1, 1, (observation_size,), np.float32)
-    act = gym.spaces.Box(-1, 1, (action_size,), np.float32)
+def make_learner(algo: str, observation_size: int, action_size: int,
+                 hidden_sizes: tuple[int, ...]) -> OffPolicyLearner:
+    """The algorithm's learner with its default networks on the CPU (eager, as `train()`
+    builds it there), over a buffer of random rows."""
     cfg = Config(algo=algo, hidden_sizes=hidden_sizes)
-    cls = ALGORITHMS[algo]
-    torch.manual_seed(0)
-    return cls(cls.default_actor(obs, act, cfg), cls.default_critic(obs, act, cfg), cfg,
-               observation_size=observation_size, action_size=action_size,
-               device=torch.device("cpu"))
+    return built_learner(cfg, box(observation_size), box(action_size), torch.device("cpu"),
+                         rows=1_000)
 
 
-def ms_per_update(agent: object, rows: torch.Tensor, threads: int, updates: int,
-                  rounds: int) -> float:
-    """Median over ``rounds`` of the mean time of ``updates`` updates, in milliseconds."""
+def ms_per_update(learner: OffPolicyLearner, threads: int, updates: int, rounds: int) -> float:
+    """Median over ``rounds`` of the mean time of ``updates`` updates (each from a replay
+    sample), in milliseconds."""
     torch.set_num_threads(threads)
-    for _ in range(10):  # warm-up: the first update builds the steps
-        agent.update(rows)
+    for _ in range(10):  # warm-up
+        learner.update()
     times = []
     for _ in range(rounds):
         start = time.perf_counter()
         for _ in range(updates):
-            agent.update(rows)
+            learner.update()
         times.append((time.perf_counter() - start) / updates * 1e3)
     return statistics.median(times)
 
@@ -99,9 +94,8 @@ def main() -> None:
         with busy_cpu(cores) if load != "as found" else _nothing():
             for algo in args.algos:
                 for label, obs, act, hidden in SIZES:
-                    agent = make_agent(algo, obs, act, hidden)
-                    rows = torch.randn(256, obs + act + 2 + obs)
-                    ms = {n: ms_per_update(agent, rows, n, args.updates, args.rounds)
+                    learner = make_learner(algo, obs, act, hidden)
+                    ms = {n: ms_per_update(learner, n, args.updates, args.rounds)
                           for n in counts}
                     print(f"| {load} | {algo} | {label} | "
                           + " | ".join(f"{ms[n]:.2f}" for n in counts)
