@@ -116,14 +116,14 @@ def test_actor_sample_is_forwards_draw_to_the_bit_and_sac_acts_with_it() -> None
     sampled = actor.sample(observations)
     assert torch.equal(sampled, drawn) and torch.rand(()) == after_forward  # same noise used
     cfg = Config()
-    sac = SAC(actor, EnsembleCritic(OBS_SPACE, ACT_SPACE, (16,)), cfg, observation_size=5,
-              action_size=3, device=torch.device("cpu"))
+    sac = SAC(actor, EnsembleCritic(OBS_SPACE, ACT_SPACE, (16,)), cfg, action_size=3,
+              device=torch.device("cpu"))
     calls = []
     actor.sample = lambda obs: calls.append(obs) or drawn  # type: ignore[method-assign]
-    assert sac.explore(observations) is drawn and calls == [observations]
+    assert sac.explore(sac.actor, observations) is drawn and calls == [observations]
     del actor.sample
     torch.manual_seed(4)
-    assert torch.equal(sac.explore(observations), drawn)
+    assert torch.equal(sac.explore(sac.actor, observations), drawn)
 
 
 def test_sample_with_given_noise_is_the_draw_that_noise_makes_and_draws_nothing() -> None:
@@ -136,10 +136,10 @@ def test_sample_with_given_noise_is_the_draw_that_noise_makes_and_draws_nothing(
     before = torch.get_rng_state()
     assert torch.equal(actor.sample(observations, noise), drawn)
     assert torch.equal(torch.get_rng_state(), before)  # nothing drawn
-    sac = SAC(actor, EnsembleCritic(OBS_SPACE, ACT_SPACE, (16,)), Config(), observation_size=5,
-              action_size=3, device=torch.device("cpu"))
+    sac = SAC(actor, EnsembleCritic(OBS_SPACE, ACT_SPACE, (16,)), Config(), action_size=3,
+              device=torch.device("cpu"))
     assert sac.exploration_noise_size() == 3
-    assert torch.equal(sac.explore(observations, noise), drawn)
+    assert torch.equal(sac.explore(sac.actor, observations, noise), drawn)
 
 
 def test_sac_hands_the_noise_to_a_keyword_only_noise_argument() -> None:
@@ -155,10 +155,11 @@ def test_sac_hands_the_noise_to_a_keyword_only_noise_argument() -> None:
             return torch.tanh(observations[:, :3] + noise)
 
     sac = SAC(KeywordNoiseActor(), EnsembleCritic(OBS_SPACE, ACT_SPACE, (16,)), Config(),
-              observation_size=5, action_size=3, device=torch.device("cpu"))
+              action_size=3, device=torch.device("cpu"))
     observations, noise = torch.randn(4, 5), torch.randn(4, 3)
     assert sac.exploration_noise_size() == 3
-    assert torch.equal(sac.explore(observations, noise), torch.tanh(observations[:, :3] + noise))
+    assert torch.equal(sac.explore(sac.actor, observations, noise),
+                       torch.tanh(observations[:, :3] + noise))
 
 
 class SampleWithoutNoiseActor(nn.Module):
@@ -178,7 +179,7 @@ class SampleWithoutNoiseActor(nn.Module):
 @pytest.mark.parametrize("actor", ["SampleWithoutNoiseActor", "ForwardOnlyActor"])
 def test_sac_draws_on_the_device_for_actors_that_take_no_noise(actor: str) -> None:
     sac = SAC(globals()[actor](), EnsembleCritic(OBS_SPACE, ACT_SPACE, (16,)), Config(),
-              observation_size=5, action_size=3, device=torch.device("cpu"))
+              action_size=3, device=torch.device("cpu"))
     assert sac.exploration_noise_size() == 0
 
 
@@ -195,9 +196,10 @@ class ForwardOnlyActor(nn.Module):
 
 def test_sac_acts_with_forward_when_the_actor_has_no_sample() -> None:
     sac = SAC(ForwardOnlyActor(), EnsembleCritic(OBS_SPACE, ACT_SPACE, (16,)), Config(),
-              observation_size=5, action_size=3, device=torch.device("cpu"))
+              action_size=3, device=torch.device("cpu"))
     observations = torch.randn(4, 5)
-    torch.testing.assert_close(sac.explore(observations), torch.tanh(0.5 * observations[:, :3]))
+    torch.testing.assert_close(sac.explore(sac.actor, observations),
+                               torch.tanh(0.5 * observations[:, :3]))
 
 
 def test_actor_deterministic_action_is_tanh_of_mean() -> None:
