@@ -7,10 +7,14 @@ env step, batch 256, 256-256 networks; steps/s and host time count the learning 
 critic + actor update, synchronised at the end) and profiled: kernels per update and the sum
 of their device times, the floor an update with no launch gaps would reach.
 
-The phases run in that order for all modes: every loop, then every timing, then every
-profile. The profiler leaves CUDA's profiling interface attached to the process after it
+The phases run in that order for all modes of all envs: every loop, then every timing, then
+every profile. The profiler leaves CUDA's profiling interface attached to the process after it
 stops (pytorch/pytorch#144455), so that every later CUDA call costs more host time: the likely
 reason why a loop run after another mode's profile once measured 45% slower.
+
+The modes without "overlap" in their name wait for each iteration's updates before the envs
+step (``torch.cuda.synchronize`` after ``OffPolicyLearner.update``, patched in this process
+only): the baseline that overlap is measured against. The product always overlaps.
 
     python benchmarks/throughput.py --envs HalfCheetah-v5 --steps 10000 --eager-steps 2000
 """
@@ -18,30 +22,31 @@ reason why a loop run after another mode's profile once measured 45% slower.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import gymnasium as gym
-import numpy as np
 import torch
+from learner import built_learner
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from rl_graphstep.algorithms import ALGORITHMS
-from rl_graphstep.algorithms.base import ActorCritic
 from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.config import load_config
-from rl_graphstep.train import matmul_precision, resolve_compile, resolve_graph, train
+from rl_graphstep.learners import OffPolicyLearner
+from rl_graphstep.plan import matmul_precision
+from rl_graphstep.train import train
 
-# name -> flags; "graph" modes without overlap wait for the updates every env step. Modes
-# without "action stream" in their name act in line, on the updates' stream.
+# name -> flags; "graph" modes without overlap wait for the updates every env step (see
+# AWAITED). Modes without "action stream" in their name act in line, on the updates' stream.
 IN_LINE = ["--action-stream", "off"]
 MODES: dict[str, list[str]] = {
     "eager": ["--graph", "off"],
-    "graph": ["--graph", "on", "--compile", "off", "--no-overlap", *IN_LINE],
-    "graph+compile": ["--graph", "on", "--compile", "on", "--no-overlap", *IN_LINE],
+    "graph": ["--graph", "on", "--compile", "off", *IN_LINE],
+    "graph+compile": ["--graph", "on", "--compile", "on", *IN_LINE],
     "graph+overlap": ["--graph", "on", "--compile", "off", *IN_LINE],
     "graph+compile+overlap": ["--graph", "on", "--compile", "on", *IN_LINE],
     # The default on CUDA: the action on a stream of its own, beside the updates.
@@ -54,6 +59,8 @@ MODES: dict[str, list[str]] = {
                                          "async", *IN_LINE],
 }
 DEFAULT_MODES = [m for m in MODES if "async" not in m]
+# The modes whose loop waits for each iteration's updates before the envs step.
+AWAITED = {"graph", "graph+compile"}
 
 
 @dataclass
@@ -67,58 +74,73 @@ class Row:
     floor_us: float
 
 
-def run_loop(env_id: str, flags: list[str], steps: int, learning_starts: int,
-             log_dir: str) -> dict:
-    cfg = load_config(["--env", env_id, *flags, "--total-timesteps", str(steps),
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def updates_awaited(mode: str) -> Iterator[None]:
+    """In the modes of ``AWAITED``, every ``OffPolicyLearner.update`` is followed by a wait
+    for the device while inside, so the envs step only after the updates ended."""
+    if mode not in AWAITED:
+        yield
+        return
+    update = OffPolicyLearner.update
+
+    def update_and_wait(learner: OffPolicyLearner) -> None:
+        update(learner)
+        synchronize(learner.device)
+
+    OffPolicyLearner.update = update_and_wait  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        OffPolicyLearner.update = update  # type: ignore[method-assign]
+
+
+def run_loop(env_id: str, mode: str, steps: int, learning_starts: int, log_dir: str) -> dict:
+    cfg = load_config(["--env", env_id, *MODES[mode], "--total-timesteps", str(steps),
                        "--learning-starts", str(learning_starts), "--buffer-size", str(steps),
                        "--log-dir", log_dir, "--no-progress", "--seed", "1"])
-    return train(cfg)
+    with updates_awaited(mode):
+        return train(cfg)
 
 
-def build_update(env_id: str, flags: list[str]) -> tuple[ActorCritic, ReplayBuffer]:
-    """The mode's agent with its steps built, over a buffer of 10,000 random rows."""
+def build_update(env_id: str, flags: list[str], device: torch.device | None = None
+                 ) -> OffPolicyLearner:
+    """The mode's learner with its updates built (on CUDA unless ``device`` says otherwise),
+    over a buffer of 10,000 random rows, after 20 updates."""
     cfg = load_config(["--env", env_id, *flags])
     env = gym.make(env_id)
-    obs_size, act_size = env.observation_space.shape[0], env.action_space.shape[0]
-    device = torch.device("cuda")
-    use_graph = resolve_graph(cfg, device)
-    kind = ALGORITHMS[cfg.algo]
-    torch.manual_seed(0)
-    with matmul_precision(cfg):  # a captured graph keeps the kernels chosen here
-        agent = kind(kind.default_actor(env.observation_space, env.action_space, cfg),
-                     kind.default_critic(env.observation_space, env.action_space, cfg), cfg,
-                     observation_size=obs_size, action_size=act_size, device=device,
-                     use_graph=use_graph, compile=resolve_compile(cfg, use_graph, updates=0)[0])
-        buffer = ReplayBuffer(10_000, obs_size, act_size, device)
-        rng = np.random.default_rng(0)
-        buffer.add(rng.normal(size=(10_000, obs_size)), rng.uniform(-1, 1, (10_000, act_size)),
-                   rng.normal(size=10_000), rng.normal(size=(10_000, obs_size)),
-                   np.zeros(10_000, bool))
+    device = device or torch.device("cuda")
+    with matmul_precision(cfg.tf32):  # a captured graph keeps the kernels chosen here
+        learner = built_learner(cfg, env.observation_space, env.action_space, device)
         for _ in range(20):
-            agent.update_from(buffer)
-        torch.cuda.synchronize()
-    return agent, buffer
+            learner.update()
+        synchronize(device)
+    return learner
 
 
-def time_updates(agent: ActorCritic, buffer: ReplayBuffer, updates: int) -> float:
+def time_updates(learner: OffPolicyLearner, updates: int) -> float:
     """µs per update over ``updates`` updates, synchronised at the end."""
-    with matmul_precision(agent.cfg):  # eager matmuls read it on every call
+    with matmul_precision(learner.cfg.tf32):  # eager matmuls read it on every call
         began = time.perf_counter()
         for _ in range(updates):
-            agent.update_from(buffer)
-        torch.cuda.synchronize()
+            learner.update()
+        synchronize(learner.device)
     return (time.perf_counter() - began) / updates * 1e6
 
 
-def profile_updates(agent: ActorCritic, buffer: ReplayBuffer, breakdown: bool, mode: str
+def profile_updates(learner: OffPolicyLearner, breakdown: bool, mode: str
                     ) -> tuple[float, float]:
     """(kernels per update, kernel µs per update) from the torch profiler."""
     profiled = 20  # even: SAC's delayed actor runs twice every other update
-    with matmul_precision(agent.cfg), \
+    with matmul_precision(learner.cfg.tf32), \
             profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(profiled):
-            agent.update_from(buffer)
-        torch.cuda.synchronize()
+            learner.update()
+        synchronize(learner.device)
     kernels = [e for e in prof.events() if e.device_type == DeviceType.CUDA
                and not e.name.startswith(("Memcpy", "Memset"))]
     kernel_us = sum(e.device_time for e in kernels)
@@ -151,7 +173,7 @@ def main() -> None:
                         help="instead: time the parts of each mode's loop (µs per env step)")
     args = parser.parse_args()
     if args.profile_host:
-        profile_host(args.envs[0], MODES[args.profile_host], args.steps, args.learning_starts)
+        profile_host(args.envs[0], args.profile_host, args.steps, args.learning_starts)
         return
     if args.host_split:
         for mode in args.host_split:
@@ -161,47 +183,49 @@ def main() -> None:
         raise SystemExit("throughput.py measures the GPU loop: it needs CUDA")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; learning from step "
           f"{args.learning_starts}, {args.steps} steps ({args.eager_steps} eager)")
+    runs = [(env_id, mode) for env_id in args.envs for mode in args.modes]
+    loops = {}
     with tempfile.TemporaryDirectory() as log_dir:
-        for env_id in args.envs:
-            loops = {}
-            for mode in args.modes:
-                steps = args.eager_steps if mode == "eager" else args.steps
-                loops[mode] = run_loop(env_id, MODES[mode], steps, args.learning_starts, log_dir)
-                print(f"  {env_id} {mode}: {loops[mode]['learning_sps']:,.0f} steps/s",
-                      flush=True)
-            agents = {mode: build_update(env_id, MODES[mode]) for mode in args.modes}
-            update_us = {mode: time_updates(*agents[mode], args.updates) for mode in args.modes}
-            # Last: see the module's docstring.
-            kernels = {mode: profile_updates(*agents[mode], args.breakdown, mode)
-                       for mode in args.modes}
-            print_table(env_id, [
-                Row(mode, loops[mode]["learning_sps"], loops[mode]["host_us_per_iteration"],
-                    loops[mode]["build_seconds"], update_us[mode], *kernels[mode])
-                for mode in args.modes])
+        for env_id, mode in runs:
+            steps = args.eager_steps if mode == "eager" else args.steps
+            loops[env_id, mode] = run_loop(env_id, mode, steps, args.learning_starts, log_dir)
+            print(f"  {env_id} {mode}: {loops[env_id, mode]['learning_sps']:,.0f} steps/s",
+                  flush=True)
+    learners = {run: build_update(run[0], MODES[run[1]]) for run in runs}
+    update_us = {run: time_updates(learners[run], args.updates) for run in runs}
+    # Last, for every env: see the module's docstring.
+    kernels = {run: profile_updates(learners[run], args.breakdown, f"{run[0]} {run[1]}")
+               for run in runs}
+    for env_id in args.envs:
+        print_table(env_id, [
+            Row(mode, loops[env_id, mode]["learning_sps"],
+                loops[env_id, mode]["host_us_per_iteration"],
+                loops[env_id, mode]["build_seconds"], update_us[env_id, mode],
+                *kernels[env_id, mode])
+            for mode in args.modes])
 
 
-def run_loop_learning(env_id: str, flags: list[str], steps: int, learning_starts: int,
+def run_loop_learning(env_id: str, mode: str, steps: int, learning_starts: int,
                       on_learning: Callable[[], object]) -> dict:
-    """:func:`run_loop`, calling ``on_learning()`` once the steps are built (capture and
+    """:func:`run_loop`, calling ``on_learning()`` once the learner is built (capture and
     compilation done), as the learning phase begins."""
     import rl_graphstep.train as loop
 
-    build = loop._build_steps
+    start_learning = loop._start_learning
 
-    def build_then_signal(*args: object, **kwargs: object) -> object:
-        pipe = build(*args, **kwargs)
+    def start_then_signal(run: loop.Run) -> None:
+        start_learning(run)
         on_learning()
-        return pipe
 
-    loop._build_steps = build_then_signal
+    loop._start_learning = start_then_signal
     try:
         with tempfile.TemporaryDirectory() as log_dir:
-            return run_loop(env_id, flags, steps, learning_starts, log_dir)
+            return run_loop(env_id, mode, steps, learning_starts, log_dir)
     finally:
-        loop._build_steps = build
+        loop._start_learning = start_learning
 
 
-def profile_host(env_id: str, flags: list[str], steps: int, learning_starts: int) -> None:
+def profile_host(env_id: str, mode: str, steps: int, learning_starts: int) -> None:
     """Where the loop's host time goes during learning: cProfile from the moment the steps
     are built (compilation excluded), by own time. The profiler inflates Python-heavy
     functions, so read it as proportions."""
@@ -210,10 +234,11 @@ def profile_host(env_id: str, flags: list[str], steps: int, learning_starts: int
 
     profiler = cProfile.Profile()
     try:
-        summary = run_loop_learning(env_id, flags, steps, learning_starts, profiler.enable)
+        summary = run_loop_learning(env_id, mode, steps, learning_starts, profiler.enable)
     finally:
         profiler.disable()
-    print(f"{env_id} {' '.join(flags)}: {summary['learning_sps']:.0f} steps/s under cProfile")
+    print(f"{env_id} {mode} ({' '.join(MODES[mode])}): {summary['learning_sps']:.0f} steps/s "
+          "under cProfile")
     pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
 
 
@@ -221,9 +246,10 @@ def host_split(env_id: str, mode: str, steps: int, learning_starts: int) -> None
     """Wall µs per env step of the learning phase, by part of the loop: each part's calls
     are wrapped in a timer (about 0.2 µs each), the rest is the loop's own code. Graph
     launches are also counted alone, whoever makes them."""
+    import rl_graphstep.collector as collecting
     import rl_graphstep.train as loop
     from rl_graphstep.acting import ActionPipe
-    from rl_graphstep.algorithms.base import ActorCritic
+    from rl_graphstep.collector import Collector
     from rl_graphstep.envs import EnvStepper, EpisodeStatistics
     from rl_graphstep.metrics import MetricSums
 
@@ -251,19 +277,22 @@ def host_split(env_id: str, mode: str, steps: int, learning_starts: int) -> None
     for owner, name, label in [
         (ActionPipe, "request", "action: request (copy in, replay, copy out)"),
         (ActionPipe, "wait", "action: wait"),
-        (ActorCritic, "update_from", "updates: update_from"),
+        (OffPolicyLearner, "update", "updates: OffPolicyLearner.update"),
         (MetricSums, "add", "updates: metric sums (where not in the graph)"),
         (EnvStepper, "start", "env: start"),
         (EnvStepper, "finish", "env: finish (the step, or the wait for it)"),
         (EpisodeStatistics, "update", "env: episode statistics"),
-        (loop, "true_next_observations", "buffer: true next observations"),
+        (collecting, "true_next_observations", "buffer: true next observations"),
         (ReplayBuffer, "add", "buffer: add"),
         (loop, "_log", "logging"),
+        # Indented labels are not parts of their own: Collector.step holds the action, env,
+        # buffer and update parts above.
+        (Collector, "step", "  Collector.step, of the parts above"),
         (torch.cuda.CUDAGraph, "replay", "  of which graph replays"),
     ]:
         timed(owner, name, label)
     try:
-        summary = run_loop_learning(env_id, MODES[mode], steps, learning_starts,
+        summary = run_loop_learning(env_id, mode, steps, learning_starts,
                                     lambda: learning.__setitem__(0, True))
     finally:
         for owner, name, original in patched:
