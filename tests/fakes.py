@@ -10,6 +10,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from rl_graphstep.algorithms.base import OffPolicyAlgorithm
+from rl_graphstep.buffer import ReplayBuffer
+from rl_graphstep.learners import OffPolicyLearner
+from rl_graphstep.metrics import MetricSums
+from rl_graphstep.plan import RunPlan
+
 
 class FixedActor(nn.Module):
     """SAC-style: action = tanh(w * obs[:, :1]); log_pi = 0.1 * w * obs.sum(1)."""
@@ -51,16 +57,56 @@ ROWS = torch.tensor([
 ])
 
 
-def assert_same_learning_state(actual: object, expected: object) -> None:
-    """Two agents' checkpointed parts (networks, targets, optimizers, temperature) equal to
-    the bit, each named on a mismatch."""
-    for name, part in expected.checkpointed().items():
-        other = actual.checkpointed()[name]
-        if isinstance(part, Tensor):
-            torch.testing.assert_close(other, part, rtol=0, atol=0, msg=name)
-        else:
-            torch.testing.assert_close(other.state_dict(), part.state_dict(), rtol=0, atol=0,
-                                       msg=name)
+class NoisyFixedActor(FixedActor):
+    """FixedActor with a ``sample`` that takes its standard normal noise from the caller:
+    tanh(w * obs[:, :1] + noise)."""
+
+    def sample(self, obs: Tensor, noise: Tensor | None = None) -> Tensor:
+        noise = torch.randn(len(obs), 1) if noise is None else noise
+        return torch.tanh(self.w * obs[:, :1] + noise)
+
+
+CPU = torch.device("cpu")
+
+
+def cpu_plan(**overrides: Any) -> RunPlan:
+    """The plan of an eager, uncompiled run on the CPU."""
+    return RunPlan(**{"device": CPU, "graphs": False, "compile": False, "action_stream": False,
+                      "vec_env": "sync", "tf32": False, **overrides})
+
+
+def buffer_of(rows: Tensor, capacity: int | None = None) -> ReplayBuffer:
+    """A CPU replay buffer holding packed ``rows`` (observation size 2, action size 1)."""
+    buffer = ReplayBuffer(capacity or len(rows), 2, 1, CPU)
+    buffer.add(rows[:, :2], rows[:, 2:3], rows[:, 3], rows[:, 5:], 1 - rows[:, 4])
+    return buffer
+
+
+def counting_buffer(rows: int = 50) -> ReplayBuffer:
+    """``rows`` distinct transitions, row i's first observation entry being i."""
+    buffer = ReplayBuffer(100, 2, 1, CPU)
+    index = np.arange(rows, dtype=np.float32)
+    buffer.add(np.stack([index, -index], 1), index[:, None] / 100, index, np.stack(
+        [index + 0.5, index - 0.5], 1), index % 7 == 0)
+    return buffer
+
+
+def built_learner(algorithm: OffPolicyAlgorithm, buffer: ReplayBuffer,
+                  sums: MetricSums | None = None, plan: RunPlan | None = None
+                  ) -> OffPolicyLearner:
+    """A learner of ``algorithm`` (with its config) from ``buffer``, built on ``plan``."""
+    learner = OffPolicyLearner(algorithm, buffer, algorithm.cfg, plan or cpu_plan())
+    learner.build(MetricSums() if sums is None else sums)
+    return learner
+
+
+def assert_same_learning_state(actual: OffPolicyLearner, expected: OffPolicyLearner) -> None:
+    """Two learners' checkpointed parts (networks, targets, optimizers, temperature, update
+    count) equal to the bit, each named on a mismatch."""
+    mine, theirs = actual.state_dict(), expected.state_dict()
+    assert mine.keys() == theirs.keys()
+    for name, part in theirs.items():
+        torch.testing.assert_close(mine[name], part, rtol=0, atol=0, msg=name)
 
 
 class PoisonedPendulum(gym.Wrapper):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rl_graphstep import buffer as buffer_module
-from rl_graphstep.buffer import CriticTargets, ReplayBuffer, write_rows
+from rl_graphstep.buffer import BatchSampler, CriticTargets, ReplayBuffer, RowLayout, write_rows
 from rl_graphstep.errors import CaptureError, ConfigError
 
 OBS, ACT = 3, 2
@@ -36,7 +36,6 @@ def test_layout_and_sizes() -> None:
     replay = ReplayBuffer(5, OBS, ACT, "cpu")
     assert replay.row_size == 2 * OBS + ACT + 2 == 10
     assert replay.layout.critic_inputs == slice(0, 5)
-    assert replay.layout.critic_targets == slice(5, 10)
     assert replay.storage.shape == (5, 10)
     assert replay.nbytes == 5 * 10 * 4
     assert replay.device == torch.device("cpu")
@@ -146,21 +145,24 @@ def test_row_layout() -> None:
     replay.add(*batch(0, 2))
     rows = replay.storage[:2]
     layout = replay.layout
+    assert isinstance(layout, RowLayout) and layout.row_size == replay.row_size == 10
     torch.testing.assert_close(rows[:, layout.observations],
                                torch.tensor([[0, 0.1, 0.2], [1, 1.1, 1.2]]))
     torch.testing.assert_close(rows[:, layout.actions], torch.tensor([[0, -0.5], [-1, -1.5]]))
-    torch.testing.assert_close(rows[:, layout.critic_inputs], rows[:, :5])
     assert rows[:, layout.rewards].flatten().tolist() == [0.0, 10.0]
     assert rows[:, layout.not_dones].flatten().tolist() == [1.0, 0.0]
-    next_observations = torch.tensor([[1000, 1000.1, 1000.2], [1001, 1001.1, 1001.2]])
-    torch.testing.assert_close(rows[:, layout.next_observations], next_observations)
-    # What the critic step receives: views of its target columns, not copies.
+    torch.testing.assert_close(
+        rows[:, layout.next_observations],
+        torch.tensor([[1000, 1000.1, 1000.2], [1001, 1001.1, 1001.2]]))
+    # The critic's inputs and targets are two adjacent ranges covering the row.
+    assert (layout.critic_inputs, layout.critic_targets) == (slice(0, 5), slice(5, 10))
     targets = layout.split_targets(rows[:, layout.critic_targets])
     assert isinstance(targets, CriticTargets)
     assert targets.rewards.shape == targets.not_dones.shape == (2, 1)
-    assert targets.rewards.flatten().tolist() == [0.0, 10.0]
-    assert targets.not_dones.flatten().tolist() == [1.0, 0.0]
-    torch.testing.assert_close(targets.next_observations, next_observations)
+    assert torch.equal(targets.rewards, rows[:, layout.rewards])
+    assert torch.equal(targets.not_dones, rows[:, layout.not_dones])
+    assert torch.equal(targets.next_observations, rows[:, layout.next_observations])
+    # Views, not copies: they share the rows' memory.
     assert targets.next_observations.data_ptr() == rows[:, 7:].data_ptr()
 
 
@@ -306,3 +308,59 @@ def test_cuda_adds_write_plainly_when_the_write_cannot_be_captured(
     torch.testing.assert_close(replay.storage.cpu(), reference.storage, rtol=0, atol=0)
     assert replay._write_graphs is None
     assert replay.position_tensor.item() == replay.position == reference.position
+
+
+def counting_buffer(rows: int = 50) -> ReplayBuffer:
+    replay = ReplayBuffer(100, 2, 1, "cpu")
+    index = np.arange(rows, dtype=np.float32)
+    replay.add(np.stack([index, -index], 1), index[:, None] / 100, index, np.stack(
+        [index + 0.5, index - 0.5], 1), index % 7 == 0)
+    return replay
+
+
+def test_sampler_writes_column_slices_of_buffer_rows() -> None:
+    replay = counting_buffer()
+    head, tail = torch.zeros(64, 3), torch.zeros(64, 4)
+    sampler = BatchSampler(replay, 64, [(head, slice(0, 3)), (tail, slice(3, None))])
+    sampler()
+    rows = torch.cat([head, tail], 1)
+    # Every sampled row is a stored row, whole (the two outputs come from the same draw).
+    index = rows[:, 0].long()
+    assert index.min() >= 0 and index.max() < 50
+    torch.testing.assert_close(rows, replay.storage[index])
+    first = rows.clone()
+    sampler()
+    assert not torch.equal(torch.cat([head, tail], 1), first)  # a fresh draw each call
+    assert sampler.graph is None
+
+
+def test_sampler_draw_is_the_call_without_a_graph() -> None:
+    replay = counting_buffer()
+    outputs = [torch.zeros(16, 7), torch.zeros(16, 7)]
+    samplers = [BatchSampler(replay, 16, [(out, slice(0, 7))]) for out in outputs]
+    torch.manual_seed(4)
+    samplers[0]()
+    torch.manual_seed(4)
+    samplers[1].draw()
+    assert torch.equal(outputs[0], outputs[1])
+
+
+def test_sampler_reads_the_current_fill_level() -> None:
+    replay = counting_buffer(rows=10)
+    out = torch.zeros(512, 1)
+    sampler = BatchSampler(replay, 512, [(out, slice(0, 1))])
+    sampler()
+    assert out.max() <= 9
+    index = np.arange(10, 60, dtype=np.float32)
+    replay.add(np.stack([index, -index], 1), np.zeros((50, 1)), index, np.zeros((50, 2)),
+               np.zeros(50, bool))
+    sampler()
+    assert out.max() > 9 and out.max() < 60  # rows added after the sampler was built
+
+
+def test_sampler_refuses_mismatched_outputs_and_empty_buffers() -> None:
+    with pytest.raises(ValueError, match=r"shape \(8, 2\) on cpu does not match its columns, "
+                                         r"\(8, 3\)"):
+        BatchSampler(counting_buffer(), 8, [(torch.zeros(8, 2), slice(0, 3))])
+    with pytest.raises(RuntimeError, match="empty replay buffer"):
+        BatchSampler(ReplayBuffer(10, 2, 1, "cpu"), 8, [(torch.zeros(8, 3), slice(0, 3))])

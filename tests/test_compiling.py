@@ -1,4 +1,5 @@
-"""Quiet compiling: the compiler's notices about this project's own choices are dropped, every
+"""When compiling pays (the updates a run still makes against the measured break-even), and
+quiet compiling: the compiler's notices about this project's own choices are dropped, every
 other warning and log record still shows; on the GPU a run's first lines carry none of them."""
 
 from __future__ import annotations
@@ -11,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from rl_graphstep.compiling import quiet_compiler
+from rl_graphstep.compiling import (
+    COMPILE_SECONDS,
+    SAVED_SECONDS_PER_UPDATE,
+    compile_pays,
+    quiet_compiler,
+    updates_ahead,
+)
 
 # What torch prints for them (torch/_inductor/compile_fx.py, torch/_dynamo/variables/*.py,
 # torch/csrc/cuda/Module.cpp).
@@ -20,6 +27,25 @@ TF32_HINT = ("TensorFloat32 tensor cores for float32 matrix multiplication avail
              "performance.")
 NOTICES = ("TensorFloat32 tensor cores", "will be ignored",
            "Synchronization debug mode is a prototype")
+
+
+def test_updates_ahead_counts_rounds_from_learning_starts_or_the_resumed_step() -> None:
+    assert updates_ahead(15_000, 0, 1_000, num_envs=1, updates_per_step=1) == 14_000
+    assert updates_ahead(15_000, 9_000, 1_000, num_envs=1, updates_per_step=1) == 6_000
+    assert updates_ahead(15_000, 0, 1_000, num_envs=4, updates_per_step=2) == 7_000
+    assert updates_ahead(1_000, 2_000, 500, num_envs=1, updates_per_step=1) == 0
+
+
+def test_compile_pays_back_at_the_measured_break_even() -> None:
+    break_even = int(COMPILE_SECONDS / SAVED_SECONDS_PER_UPDATE)
+    assert compile_pays(break_even + 1)[0] and not compile_pays(break_even)[0]
+
+
+def test_compile_pays_says_why_in_a_few_words() -> None:
+    assert compile_pays(14_000) == (False, "14,000 updates would save about 6 s, less than "
+                                           "the ~30 s compilation takes")
+    assert compile_pays(1_000_000) == (True, "1,000,000 updates would save about 400 s, more "
+                                             "than the ~30 s compilation takes")
 
 
 def test_the_tf32_hint_is_dropped_and_other_warnings_are_not() -> None:

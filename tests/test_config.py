@@ -611,3 +611,12 @@ def test_config_takes_the_algorithm_names_without_importing_an_algorithm() -> No
     assert out == "algorithm, one of sac, td3, ddpg []\n"
     assert {name: cls.name for name, cls in ALGORITHMS.items()} == {n: n for n in ALGORITHMS}
     assert "ppo" not in ALGORITHMS and len(ALGORITHMS) == 3
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--updates-per-step", "0"], "--updates-per-step must be a positive int, got 0"),
+    (["--compile", "maybe"], "--compile must be one of auto, on, off, got 'maybe'"),
+])
+def test_new_flags_are_checked(argv: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(argv)

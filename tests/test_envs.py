@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rl_graphstep.envs import (
+    EnvStepper,
     EpisodeStatistics,
     OneEnvVector,
     check_continuous_spaces,
@@ -217,3 +218,39 @@ def test_scale_and_unscale_actions() -> None:
     # Never outside the bounds, even for inputs a hair outside [-1, 1].
     edge = scale_action(np.array([[-1.0000001, 1.0000001, 1.0]]), low, high)
     assert (edge >= low).all() and (edge <= high).all()
+
+
+def test_episode_statistics_count_every_step_of_each_env() -> None:
+    stats = EpisodeStatistics(2)
+    no = np.array([False, False])
+    assert stats.update(np.array([1.0, 2.0]), no, no) == []
+    assert stats.update(np.array([1.0, 2.0]), np.array([True, False]), no) == [(2.0, 2)]
+    assert stats.update(np.array([5.0, 2.0]), no, np.array([False, True])) == [(6.0, 3)]
+    state = stats.state_dict()
+    other = EpisodeStatistics(2)
+    other.load_state_dict(state)
+    assert other.update(np.array([1.0, 1.0]), np.array([True, True]), no) == [(6.0, 2),
+                                                                              (1.0, 1)]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
+def test_stepper_steps_in_two_halves(asynchronous: bool) -> None:
+    envs = make_vec_env("Pendulum-v1", num_envs=2, seed=4, asynchronous=asynchronous)
+    reference = make_vec_env("Pendulum-v1", num_envs=2, seed=4)
+    try:
+        stepper = EnvStepper(envs)
+        assert stepper.asynchronous is asynchronous
+        envs.reset(seed=4)
+        reference.reset(seed=4)
+        actions = np.full((2, 1), 0.5, np.float32)
+        stepper.start(actions)
+        observations, rewards, *_ = stepper.finish()
+        expected, expected_rewards, *_ = reference.step(actions)
+        np.testing.assert_allclose(observations, expected)
+        np.testing.assert_allclose(rewards, expected_rewards)
+        if not asynchronous:
+            with pytest.raises(RuntimeError, match=r"finish\(\) without start\(\)"):
+                stepper.finish()
+    finally:
+        envs.close()
+        reference.close()

@@ -292,3 +292,75 @@ def test_each_capture_gets_a_cublas_workspace_of_its_own(
             raise RuntimeError("cannot capture")
     assert log == ["clear", ("graph", "g", "pool"), ("capture", False), "work", "end", "clear"]
     assert gc.isenabled()
+
+
+def test_compiled_eager_step_matches_the_uncompiled_one() -> None:
+    """torch.compile of the step bodies fuses kernels; the update it computes is the same."""
+    def run(compile: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        module = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(),
+                                     torch.nn.Linear(8, 1))
+        optimizer = torch.optim.Adam(module.parameters(), lr=0.01)
+        inputs, targets = torch.randn(16, 4), torch.randn(16, 1)
+        step = EagerAdaptationStep.capture(
+            module, optimizer, inputs, targets, torch.nn.functional.mse_loss,
+            gradient_transform=lambda: torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0),
+            skip_nonfinite=True, compile=compile)
+        losses = [step(inputs, targets) for _ in range(4)]
+        return [*losses, *module.parameters()]
+
+    for a, b in zip(run(True), run(False), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def failing_compile(function: object, **_: object) -> object:
+    def compiled(*args: object) -> None:
+        raise RuntimeError("the compiler gave up")
+    return compiled
+
+
+def test_a_part_the_compiler_fails_on_runs_uncompiled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    torch.manual_seed(0)
+    module = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.Adam(module.parameters(), lr=0.1)
+    inputs, targets = torch.randn(8, 3), torch.randn(8, 1)
+    step = EagerAdaptationStep.capture(module, optimizer, inputs, targets,
+                                       torch.nn.functional.mse_loss, compile=True)
+    before = module.weight.detach().clone()
+    step(inputs, targets)  # the first call is uncompiled anyway
+    with pytest.warns(UserWarning) as warned:
+        step(inputs, targets)
+    assert [str(w.message) for w in warned] == [
+        f"torch.compile failed on the {part} of Linear (RuntimeError: the compiler gave up); "
+        "that part runs uncompiled"
+        for part in ("forward and loss", "gradient transform and optimizer step")]
+    assert step._body.uncompiled_parts == ["forward and loss",
+                                           "gradient transform and optimizer step"]
+    assert not torch.equal(module.weight, before)
+    assert optimizer.state[module.weight]["step"] == 2  # two updates, none doubled
+
+
+def test_every_step_built_in_one_process_compiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile keeps at most 8 compiled versions of one code object, and all steps run
+    the same code guarded on their own optimizer: the tenth step built in a process (a sweep,
+    a benchmark, a test session) must still be compiled, not silently run uncompiled."""
+    from torch._dynamo.utils import counters
+
+    real = torch.compile
+    # The eager backend traces as the real one does but generates no code: fast on a CPU.
+    monkeypatch.setattr(torch, "compile", lambda function, **_: real(function, backend="eager"))
+    torch._dynamo.reset()
+    graphs_per_step = []
+    for _ in range(10):
+        module = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.Adam(module.parameters(), lr=0.1)
+        inputs, targets = torch.randn(8, 3), torch.randn(8, 1)
+        step = EagerAdaptationStep.capture(module, optimizer, inputs, targets,
+                                           torch.nn.functional.mse_loss, compile=True)
+        before = counters["stats"]["unique_graphs"]
+        for _ in range(3):  # the first call runs uncompiled
+            step(inputs, targets)
+        graphs_per_step.append(counters["stats"]["unique_graphs"] - before)
+    assert graphs_per_step[0] >= 2  # forward + loss, and the optimizer part
+    assert graphs_per_step == [graphs_per_step[0]] * 10

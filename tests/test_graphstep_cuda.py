@@ -354,3 +354,13 @@ def test_a_hundred_thousand_replays_grow_neither_gpu_nor_host_memory() -> None:
     assert gpu_after <= gpu_before
     assert host_after - host_before < 16 * 1024  # KiB: no per-replay growth (it would be GBs)
 
+
+def test_compiled_graph_noise_is_fresh_on_every_replay() -> None:
+    module = NoisyHead().to(DEVICE)
+    optimizer = torch.optim.Adam(module.parameters(), lr=1e-3, capturable=True)
+    inputs, targets = torch.randn(32, 4, device=DEVICE), torch.randn(32, 2, device=DEVICE)
+    step = CudaGraphAdaptationStep.capture(
+        module, optimizer, inputs, targets, lambda p, t: ((p - t) ** 2).mean(), compile=True)
+    assert step._body.uncompiled_parts == []
+    losses = [step(inputs, targets).item() for _ in range(5)]
+    assert len({round(loss, 6) for loss in losses}) == 5

@@ -1,4 +1,5 @@
-"""SAC losses against a hand-computed case, and the update's bookkeeping, on the CPU."""
+"""SAC: its TD target and losses against hand computations, its schedule (the delayed actor,
+targets moving by tau on the right updates), its exploration and its learning state."""
 
 from __future__ import annotations
 
@@ -6,16 +7,20 @@ import math
 
 import pytest
 import torch
-from fakes import ROWS, FixedActor, LinearCritic
+from fakes import CPU, ROWS, FixedActor, LinearCritic, NoisyFixedActor, buffer_of, built_learner
 
 from rl_graphstep.algorithms.sac import SAC
+from rl_graphstep.buffer import RowLayout
 from rl_graphstep.config import Config
+from rl_graphstep.metrics import MetricSums
+
+TARGETS = RowLayout.split_targets(ROWS[:, 3:])
 
 
-def make_sac(**overrides: object) -> SAC:
-    cfg = Config(**{"alpha": 0.5, "gamma": 0.9, "tau": 0.1, "policy_frequency": 2, **overrides})
-    return SAC(FixedActor(), LinearCritic(), cfg, observation_size=2, action_size=1,
-               device=torch.device("cpu"))
+def make_sac(actor: torch.nn.Module | None = None, **overrides: object) -> SAC:
+    cfg = Config(**{"alpha": 0.5, "gamma": 0.9, "tau": 0.1, "policy_frequency": 2,
+                    "batch_size": 2, **overrides})
+    return SAC(actor or FixedActor(), LinearCritic(), cfg, action_size=1, device=CPU)
 
 
 def hand_td_target(row: list[float], alpha: float, gamma: float) -> float:
@@ -27,62 +32,131 @@ def hand_td_target(row: list[float], alpha: float, gamma: float) -> float:
     return reward + not_done * gamma * (next_q - alpha * next_log_pi)
 
 
+def test_td_target_matches_a_hand_computation() -> None:
+    target = make_sac().td_target(TARGETS)
+    assert target.shape == (2, 1) and not target.requires_grad
+    expected = [hand_td_target(row, 0.5, 0.9) for row in ROWS.tolist()]
+    assert target[:, 0].tolist() == pytest.approx(expected, rel=1e-6)
+
+
 def test_critic_loss_matches_a_hand_computation() -> None:
     sac = make_sac()
     q = torch.tensor([[1.0, 2.0], [0.0, -1.0]])
-    loss = sac.critic_loss(q, ROWS[:, 3:])
+    loss, metrics = sac.critic_loss(q, TARGETS)
     targets = [hand_td_target(row, 0.5, 0.9) for row in ROWS.tolist()]
     expected = sum(
         sum((q[b, e].item() - targets[b]) ** 2 for b in range(2)) / 2 for e in range(2)
     )
     assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert metrics == {}
+
+
+def hand_actor_terms(alpha: float) -> tuple[list[float], list[float]]:
+    actor_terms, alpha_terms = [], []
+    for o0, o1 in ROWS[:, :2].tolist():
+        action = math.tanh(0.5 * o0)
+        log_pi = 0.1 * (o0 + o1) * 0.5
+        min_q = min(1.0 * (o0 + o1 + action), 2.0 * (o0 + o1 + action))
+        actor_terms.append(alpha * log_pi - min_q)
+        alpha_terms.append(-alpha * (log_pi - 1.0))  # target entropy -|A| = -1
+    return actor_terms, alpha_terms
 
 
 def test_actor_loss_matches_a_hand_computation() -> None:
     sac = make_sac()
     obs = ROWS[:, :2]
-    loss = sac.actor_loss(sac.actor(obs), obs)
-    actor_terms, alpha_terms = [], []
-    for o0, o1 in obs.tolist():
-        action = math.tanh(0.5 * o0)
-        log_pi = 0.1 * (o0 + o1) * 0.5
-        min_q = min(1.0 * (o0 + o1 + action), 2.0 * (o0 + o1 + action))
-        actor_terms.append(0.5 * log_pi - min_q)
-        alpha_terms.append(-0.5 * (log_pi - 1.0))  # target entropy -|A| = -1
-    assert sac.actor_loss_value.item() == pytest.approx(sum(actor_terms) / 2, rel=1e-6)
-    assert sac.alpha_loss_value.item() == pytest.approx(sum(alpha_terms) / 2, rel=1e-6)
+    loss, metrics = sac.actor_loss(sac.actor(obs), obs)
+    actor_terms, alpha_terms = hand_actor_terms(0.5)
+    assert set(metrics) == {"losses/actor", "charts/alpha", "losses/alpha"}
+    assert metrics["losses/actor"].item() == pytest.approx(sum(actor_terms) / 2, rel=1e-6)
+    assert metrics["losses/alpha"].item() == pytest.approx(sum(alpha_terms) / 2, rel=1e-6)
+    assert metrics["charts/alpha"].item() == pytest.approx(0.5)
     assert loss.item() == pytest.approx((sum(actor_terms) + sum(alpha_terms)) / 2, rel=1e-6)
 
 
+def test_actor_loss_with_a_fixed_temperature_has_no_temperature_loss() -> None:
+    sac = make_sac(autotune=False)
+    obs = ROWS[:, :2]
+    loss, metrics = sac.actor_loss(sac.actor(obs), obs)
+    actor_terms, _ = hand_actor_terms(0.5)
+    assert set(metrics) == {"losses/actor", "charts/alpha"}
+    assert loss.item() == pytest.approx(sum(actor_terms) / 2, rel=1e-6)
+    assert not sac.log_alpha.requires_grad
+
+
+def test_the_schedule_compensates_the_delay_and_repeats_with_both_frequencies() -> None:
+    sac = make_sac(policy_frequency=2, target_network_frequency=3)
+    assert [sac.actor_steps(u) for u in range(6)] == [2, 0, 2, 0, 2, 0]
+    assert sac.update_period() == 6
+    assert make_sac(policy_frequency=1).update_period() == 1
+
+
 def test_update_moves_the_target_by_tau_and_delays_the_actor() -> None:
-    sac = make_sac(autotune=True)
+    sac, sums = make_sac(autotune=True), MetricSums()
+    learner = built_learner(sac, buffer_of(ROWS), sums)
     target_before = sac.target_critic.c.detach().clone()
     actor_before = sac.actor.w.detach().clone()
     log_alpha_before = sac.log_alpha.detach().clone()
-    metrics = sac.update(ROWS)
+    learner.update()
     # target <- 0.9 target + 0.1 critic (after the critic's update)
     torch.testing.assert_close(sac.target_critic.c, 0.9 * target_before + 0.1 * sac.critic.c)
-    assert sac.actor_optimizer.state[sac.actor.w]["step"].item() == 2  # 2 delayed updates
+    actor_state = learner.actor_optimizer.state
+    assert actor_state[sac.actor.w]["step"].item() == 2  # 2 delayed updates
     assert not torch.equal(sac.actor.w, actor_before)
     assert not torch.equal(sac.log_alpha, log_alpha_before)
-    assert set(metrics) == {"losses/critic", "losses/critic_grad_norm", "losses/actor",
-                            "losses/actor_grad_norm", "charts/alpha", "losses/alpha"}
-    metrics = sac.update(ROWS)  # second update: critic only
-    assert "losses/actor" not in metrics
-    assert sac.actor_optimizer.state[sac.actor.w]["step"].item() == 2
-    assert sac.critic_optimizer.state[sac.critic.c]["step"].item() == 2
+    assert set(sums.take()) == {"losses/critic", "losses/critic_grad_norm", "losses/actor",
+                                "losses/actor_grad_norm", "charts/alpha", "losses/alpha"}
+    learner.update()  # second update: critic only
+    assert set(sums.take()) == {"losses/critic", "losses/critic_grad_norm"}
+    assert actor_state[sac.actor.w]["step"].item() == 2
+    assert learner.critic_optimizer.state[sac.critic.c]["step"].item() == 2
+
+
+def test_the_target_moves_on_every_target_network_frequency_th_update_only() -> None:
+    sac = make_sac(policy_frequency=1, target_network_frequency=3)
+    learner = built_learner(sac, buffer_of(ROWS))
+    moved = []
+    for _ in range(7):
+        before = sac.target_critic.c.detach().clone()
+        learner.update()
+        moved.append(not torch.equal(sac.target_critic.c, before))
+        if moved[-1]:
+            torch.testing.assert_close(sac.target_critic.c, 0.9 * before + 0.1 * sac.critic.c)
+    assert moved == [True, False, False, True, False, False, True]
 
 
 def test_fixed_temperature_is_not_learned() -> None:
     sac = make_sac(autotune=False)
-    sac.update(ROWS)
+    learner = built_learner(sac, buffer_of(ROWS))
+    learner.update()
     assert sac.alpha.item() == pytest.approx(0.5)
-    assert len(sac.actor_optimizer.param_groups) == 1
+    assert len(learner.actor_optimizer.param_groups) == 1
+    assert len(make_sac(autotune=True).actor_parameter_groups()) == 2
 
 
-def test_critic_gets_no_gradient_from_the_actor_update() -> None:
+def test_exploration_samples_the_policy_with_the_noise_it_is_given() -> None:
+    sac = make_sac(NoisyFixedActor())
+    observations, noise = torch.randn(50, 2), torch.randn(50, 1)
+    assert sac.exploration_noise_size() == 1
+    want = torch.tanh(0.5 * observations[:, :1] + noise)
+    assert torch.equal(sac.explore(sac.actor, observations, noise), want)
+    torch.manual_seed(2)
+    drawn = sac.explore(sac.actor, observations)
+    torch.manual_seed(2)
+    assert torch.equal(drawn, sac.explore(sac.actor, observations, torch.randn(50, 1)))
+
+
+def test_an_actor_without_sample_explores_with_its_forward_and_draws_on_the_device() -> None:
+    sac = make_sac()  # FixedActor has no sample
+    assert sac.exploration_noise_size() == 0
+    observations = torch.randn(5, 2)
+    assert torch.equal(sac.explore(sac.actor, observations), sac.actor(observations)[0])
+
+
+def test_the_learning_state_is_the_target_critic_and_the_temperature() -> None:
     sac = make_sac()
-    sac.update(ROWS)
-    critic_grad = sac.critic.c.grad.clone()
-    sac.actor_step(ROWS[:, :2], ROWS[:, :2])
-    assert torch.equal(sac.critic.c.grad, critic_grad)
+    state = sac.learning_state()
+    assert set(state) == {"target_critic", "log_alpha"}
+    assert state["target_critic"] is sac.target_critic and state["log_alpha"] is sac.log_alpha
+    assert sac.log_alpha.item() == pytest.approx(math.log(0.5))
+    assert sac.target_entropy.item() == -1.0

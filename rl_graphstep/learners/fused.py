@@ -46,16 +46,17 @@ class FusedUpdate:
         for phase in range(period):
             keys = sums.prepare(announced(phase))
 
-            def update(phase: int = phase) -> dict[str, Tensor]:
+            def update(phase: int = phase, keys: tuple[str, ...] = keys) -> dict[str, Tensor]:
                 metrics = record(phase)
+                # Checked before the add, which would fail on unknown keys less clearly.
+                if tuple(metrics) != keys:
+                    raise RuntimeError(f"the fused update's metrics {tuple(metrics)} are not "
+                                       f"the keys announced for it, {keys}")
                 sums.add_on_device(metrics)
                 return metrics
 
             graph, metrics = capture_graph(update, device, warmup_steps=0,
                                            what=f"the fused update (phase {phase})")
-            if tuple(metrics) != keys:
-                raise RuntimeError(f"the fused update's metrics {tuple(metrics)} are not the "
-                                   f"keys announced for it, {keys}")
             self.phases.append((graph, keys))
             # The graph's outputs: each replay rewrites them.
             self.metrics.append(metrics)

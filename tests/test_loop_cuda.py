@@ -1,65 +1,98 @@
-"""Every algorithm on the GPU: captured steps match the eager ones for 100 updates on the same
-seed, Pendulum is learned with graphs, and a custom network that syncs is named clearly."""
+"""The training loop end to end on the GPU: every loop mode runs, every algorithm learns
+Pendulum with graphs, acting beside the updates learns exactly as acting after them and
+resumes bit for bit, a resumed state reaches the graphs, and the capture failures of custom
+networks are named or fall back."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import gymnasium as gym
-import numpy as np
 import pytest
 import torch
 from torch import nn
 
+from rl_graphstep import acting
+from rl_graphstep.acting import ActionPipe
 from rl_graphstep.algorithms import ALGORITHMS
-from rl_graphstep.buffer import ReplayBuffer
-from rl_graphstep.config import Config, load_config
+from rl_graphstep.checkpoint import load_checkpoint
+from rl_graphstep.config import load_config
 from rl_graphstep.errors import CaptureError, ConfigError
-from rl_graphstep.graphstep import CudaGraphAdaptationStep, EagerAdaptationStep
 from rl_graphstep.networks import DeterministicActor
-from rl_graphstep.train import train
+from rl_graphstep.train import main, train
 
 pytestmark = pytest.mark.cuda
-DEVICE = torch.device("cuda")
-OBS = gym.spaces.Box(-1.0, 1.0, (17,), np.float32)
-ACT = gym.spaces.Box(-1.0, 1.0, (6,), np.float32)
+
+BASE = ["--env", "Pendulum-v1", "--device", "cuda", "--total-timesteps", "400",
+        "--learning-starts", "200", "--batch-size", "64", "--no-progress"]
 
 
-def agent(algo: str, use_graph: bool):
-    torch.manual_seed(0)
-    cfg = Config(algo=algo)
-    kind = ALGORITHMS[algo]
-    return kind(kind.default_actor(OBS, ACT, cfg), kind.default_critic(OBS, ACT, cfg), cfg,
-                observation_size=17, action_size=6, device=DEVICE, use_graph=use_graph)
+@pytest.mark.parametrize("flags", [
+    ["--graph", "on", "--compile", "on"],
+    ["--graph", "on"],  # compile auto: off, 200 updates do not pay for compiling
+    ["--graph", "on", "--compile", "off"],
+    ["--graph", "off"],
+    ["--graph", "on", "--compile", "off", "--updates-per-step", "2", "--num-envs", "2",
+     "--vec-env", "async"],
+], ids=["graph+compile", "graph-auto", "graph", "eager", "k2-async"])
+def test_every_loop_mode_runs(flags: list[str], tmp_path: Path) -> None:
+    summary = train(load_config([*BASE, *flags, "--log-dir", str(tmp_path)]))
+    assert summary["graph"] is (flags[1] == "on")
+    assert summary["compile"] is (flags[2:4] == ["--compile", "on"])
+    assert summary["learning_sps"] > 0 and summary["host_us_per_iteration"] > 0
+    # The default with CUDA graphs (SAC's actor takes host noise); eager acts in line.
+    assert summary["action_stream"] is (flags[1] == "on")
 
 
-@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
-def test_captured_steps_match_eager_for_100_updates(algo: str) -> None:
-    buffer = ReplayBuffer(5000, 17, 6, DEVICE)
-    rng = np.random.default_rng(0)
-    buffer.add(rng.normal(size=(5000, 17)), rng.uniform(-1, 1, (5000, 6)),
-               rng.normal(size=5000), rng.normal(size=(5000, 17)), rng.random(5000) < 0.05)
-    g = torch.Generator(device=DEVICE).manual_seed(1)
-    batches = [buffer.storage[torch.randint(0, 5000, (256,), device=DEVICE, generator=g)]
-               for _ in range(100)]
-    results = {}
-    for use_graph in (True, False):
-        sac = agent(algo, use_graph)
-        torch.manual_seed(7)  # the noise the steps draw: the same in graph and eager
-        losses = [sac.update(rows)["losses/critic"] for rows in batches]
-        kind = CudaGraphAdaptationStep if use_graph else EagerAdaptationStep
-        assert isinstance(sac.critic_step, kind) and isinstance(sac.actor_step, kind)
-        results[use_graph] = (sac, torch.stack(losses))
-    (graph, graph_losses), (eager, eager_losses) = results[True], results[False]
-    torch.testing.assert_close(graph_losses, eager_losses, rtol=1e-4, atol=1e-5)
-    names = ["actor", "critic", "target_critic"] + (["target_actor"] if algo != "sac" else [])
-    for name in names:
-        for p, q in zip(getattr(graph, name).parameters(), getattr(eager, name).parameters(),
-                        strict=True):
-            torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
-    if algo == "sac":
-        torch.testing.assert_close(graph.log_alpha, eager.log_alpha)
-    assert graph.updates == 100 and graph_losses[-1] != graph_losses[0]
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_acting_beside_the_updates_learns_exactly_as_acting_after_them(
+        algo: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The action stream changes when the action runs, not what it computes: the copy holds
+    the actor one round behind on either stream, and the action's
+    graph shares no scratch memory with the updates' (compiled, they use cuBLAS workspace:
+    when every capture shared one, they corrupted each other's matmuls and SAC stopped
+    learning)."""
+    class InLine(ActionPipe):
+        """The same pipe (host noise, refreshed copy), launched on the updates' stream."""
+
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            assert self.side_stream is not None
+            self.side_stream = None
+
+    states = {}
+    for name in ("beside", "in-line"):
+        with monkeypatch.context() as patch:
+            if name == "in-line":
+                patch.setattr(acting, "ActionPipe", InLine)  # what policy_pipe makes
+            summary = train(load_config([*BASE, "--algo", algo, "--graph", "on", "--compile",
+                                         "on", "--action-stream", "--log-dir", str(tmp_path),
+                                         "--run-name", name]))
+        assert summary["action_stream"] is (name == "beside")
+        states[name] = load_checkpoint(tmp_path / name)["agent"]
+    for part in ("actor", "critic", "target_critic"):
+        for key, value in states["beside"][part].items():
+            torch.testing.assert_close(value, states["in-line"][part][key],
+                                       rtol=0, atol=0, msg=f"{part}.{key}")
+
+
+def test_a_run_acting_beside_the_updates_resumes_bit_for_bit(tmp_path: Path) -> None:
+    """The staged actor the next action reads is in the checkpoint: stopped and resumed, the
+    run ends exactly as the run that went straight through."""
+    args = [*BASE, "--graph", "on", "--compile", "off", "--action-stream", "--save-buffer",
+            "--log-dir", str(tmp_path)]
+    summary = train(load_config([*args, "--run-name", "straight"]))
+    assert summary["action_stream"] is True
+    train(load_config([*args, "--total-timesteps", "300", "--run-name", "halves"]))
+    assert load_checkpoint(tmp_path / "halves")["staged_actor"]
+    assert main(["--resume", str(tmp_path / "halves"), "--total-timesteps", "400"]) == 0
+    straight, halves = (load_checkpoint(tmp_path / name) for name in ("straight", "halves"))
+    assert straight["global_step"] == halves["global_step"] == 400
+    for part in ("actor", "critic", "target_critic"):
+        for key, value in straight["agent"][part].items():
+            torch.testing.assert_close(value, halves["agent"][part][key], rtol=0, atol=0,
+                                       msg=f"{part}.{key}")
+    for a, b in zip(straight["staged_actor"], halves["staged_actor"], strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize(("algo", "mode"), [
@@ -120,14 +153,11 @@ def test_graph_auto_falls_back_to_eager_when_capture_fails(tmp_path: Path) -> No
     assert summary["graph"] is False
     # the failing line is the actor's, reached from the critic loss's target actions
     with pytest.raises(CaptureError, match=r"could not capture the update of EnsembleCritic "
-                                           r"\(via StateActionInput\) \(at tests/test_algori"):
+                                           r"\(via StateActionInput\) \(at tests/test_loop_cu"):
         train(load_config([*base, "--graph", "on"]), actor=Unsupported)
 
 
 def test_resumed_state_reaches_the_captured_graphs(tmp_path: Path) -> None:
-    from rl_graphstep.checkpoint import load_checkpoint
-    from rl_graphstep.train import main
-
     base = ["--env", "Pendulum-v1", "--device", "cuda", "--learning-starts", "200",
             "--batch-size", "64", "--log-dir", str(tmp_path), "--no-progress", "--save-buffer",
             "--buffer-size", "5000", "--compile", "off",
