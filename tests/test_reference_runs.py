@@ -149,16 +149,22 @@ def platform() -> dict[str, str]:
 
 
 def differences(recorded: dict[str, Any], got: dict[str, Any]) -> list[str]:
-    """One line per tensor and per logged point that differs, naming it."""
-    lines = [f"tensor {key}: recorded {recorded['state'].get(key, 'none')}, got "
-             f"{got['state'].get(key, 'none')}"
-             for key in sorted(recorded["state"].keys() | got["state"].keys())
-             if recorded["state"].get(key) != got["state"].get(key)]
+    """One line per logged point and per tensor that differs, naming it: the points first,
+    by step, so the first line says when the runs parted."""
+    points = []
     for tag in sorted(recorded["scalars"].keys() | got["scalars"].keys()):
         old, new = recorded["scalars"].get(tag, []), got["scalars"].get(tag, [])
-        lines += [f"{tag}: recorded {_shown(was)}, got {_shown(now)}"
-                  for was, now in itertools.zip_longest(old, new) if was != now]
-    return lines
+        points += [(_step(was or now), f"{tag}: recorded {_shown(was)}, got {_shown(now)}")
+                   for was, now in itertools.zip_longest(old, new) if was != now]
+    points.sort(key=lambda point: point[0])  # stable: tags stay in order within a step
+    state, digests = recorded["state"], got["state"]
+    return [line for _, line in points] + [
+        f"tensor {key}: recorded {state.get(key, 'none')}, got {digests.get(key, 'none')}"
+        for key in sorted(state.keys() | digests.keys()) if state.get(key) != digests.get(key)]
+
+
+def _step(point: str) -> int:
+    return int(point.split()[0])
 
 
 def _shown(point: str | None) -> str:
@@ -180,8 +186,8 @@ def reference() -> dict[str, Any]:
             pytest.skip(f"reference runs were recorded with torch {recorded['torch']} on CPU "
                         f"capability {recorded['cpu_capability']}, this is torch "
                         f"{here['torch']} on {here['cpu_capability']}: bit-for-bit values "
-                        "differ between builds and kernels; re-record on this platform with "
-                        "`python tests/test_reference_runs.py --record` only if it is CI's")
+                        "differ between builds and kernels; re-record with `python "
+                        "tests/test_reference_runs.py --record` on CI's platform")
     return data
 
 
@@ -192,11 +198,32 @@ def test_training_matches_the_recorded_run_bit_for_bit(name: str, reference: dic
         pytest.fail(f"run {name!r} has no recording: record with "
                     f"`python tests/test_reference_runs.py --record`")
     lines = differences(reference["runs"][name], reference_run(name, tmp_path))
-    changed = {k: v for k, v in platform().items() if reference["platform"][k] != v}
-    assert not lines, (
-        f"run {name} differs from its recording in {len(lines)} values"
-        + (f" (recorded with other versions: {changed})" if changed else "") + ":\n"
-        + "\n".join(lines[:20]) + ("\n..." if len(lines) > 20 else ""))
+    if lines:
+        changed = {k: v for k, v in platform().items() if reference["platform"][k] != v}
+        tensors = sum(line.startswith("tensor ") for line in lines)
+        pytest.fail(f"run {name} differs from its recording in {len(lines) - tensors} logged "
+                    f"points and {tensors} tensors"
+                    + (f" (this runs other versions: {changed})" if changed else "") + ":\n"
+                    + "\n".join(lines[:20]) + ("\n..." if len(lines) > 20 else ""),
+                    pytrace=False)
+
+
+def test_differences_name_the_tag_step_and_tensor() -> None:
+    recorded = {"state": {"actor.w": "float32[2] aa", "log_alpha": "float32[] bb"},
+                "scalars": {"losses/critic": ["1200 0x1.0p+0", "1400 0x1.8p+0"],
+                            "losses/actor": ["1400 0x1.0p+1"]}}
+    got = {"state": {"actor.w": "float32[2] cc", "actor.b": "float32[2] dd",
+                     "log_alpha": "float32[] bb"},
+           "scalars": {"losses/critic": ["1200 0x1.0p+0", "1400 0x1.8000000000001p+0"],
+                       "losses/actor": []}}
+    assert differences(recorded, got) == [
+        "losses/actor: recorded 2.0 at step 1400 (0x1.0p+1), got no point",
+        "losses/critic: recorded 1.5 at step 1400 (0x1.8p+0), got 1.5000000000000002 at step "
+        "1400 (0x1.8000000000001p+0)",
+        "tensor actor.b: recorded none, got float32[2] dd",
+        "tensor actor.w: recorded float32[2] aa, got float32[2] cc",
+    ]
+    assert differences(recorded, recorded) == []
 
 
 def record() -> None:
