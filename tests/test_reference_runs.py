@@ -8,7 +8,7 @@ The values depend on the torch build and on the CPU kernels it picks, so the tes
 so, where torch's version or CPU capability differ from the recording's. Re-record only when a
 change is meant to alter the numerics, and say so in the commit::
 
-    OMP_NUM_THREADS=1 python tests/test_reference_runs.py --record
+    python tests/test_reference_runs.py --record
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ LOGGED_TAGS = ("losses/", "charts/alpha", "charts/episodic_return")
 
 
 def learning_state(run_dir: Path) -> dict[str, Tensor]:
-    """The tensors of the final learning state, by dotted name (``critic.net.0.weight``,
+    """The tensors of the final learning state, by dotted name (``critic.weights.0``,
     ``actor_optimizer.state.3.exp_avg``, ``log_alpha``, ...): everything under the last
     checkpoint's ``agent`` key, i.e. networks, target networks, optimizers and SAC's
     temperature. The one place to adapt when the checkpoint's layout moves."""
@@ -119,8 +119,8 @@ def logged_scalars(run_dir: Path) -> dict[str, list[str]]:
 
 @contextlib.contextmanager
 def one_thread() -> Iterator[None]:
-    """One intra-op thread, whatever OMP_NUM_THREADS says: a reduction split over threads can
-    round differently."""
+    """One intra-op thread, whatever OMP_NUM_THREADS says (as when recording, outside pytest's
+    conftest): a reduction split over threads can round differently."""
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -203,7 +203,8 @@ def test_training_matches_the_recorded_run_bit_for_bit(name: str, reference: dic
         tensors = sum(line.startswith("tensor ") for line in lines)
         pytest.fail(f"run {name} differs from its recording in {len(lines) - tensors} logged "
                     f"points and {tensors} tensors"
-                    + (f" (this runs other versions: {changed})" if changed else "") + ":\n"
+                    + (f" (with numpy or gymnasium other than recorded: {changed})"
+                       if changed else "") + ":\n"
                     + "\n".join(lines[:20]) + ("\n..." if len(lines) > 20 else ""),
                     pytrace=False)
 
