@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rl_graphstep.capture import capture_graph
 from rl_graphstep.errors import CaptureError
-from rl_graphstep.graphstep import capture_graph
 
 Policy = Callable[..., Tensor]
 """Maps observations (N, O) on the device to actions (N, A); given a second argument, the

@@ -18,16 +18,12 @@ import torch
 from torch import Tensor, nn
 
 from rl_graphstep.buffer import BatchSampler, ReplayBuffer
+from rl_graphstep.capture import capture_graph
+from rl_graphstep.compiling import compile_now
 from rl_graphstep.config import Config
 from rl_graphstep.errors import CaptureError, CompileError
-from rl_graphstep.graphstep import (
-    AdaptationStep,
-    CudaGraphAdaptationStep,
-    capture_graph,
-    clip_grad_norm,
-    compile_now,
-    make_adaptation_step,
-)
+from rl_graphstep.graphstep import AdaptationStep, CudaGraphAdaptationStep, make_adaptation_step
+from rl_graphstep.guards import clip_grad_norm
 from rl_graphstep.metrics import MetricSums
 from rl_graphstep.networks import EnsembleCritic, StateActionInput
 from rl_graphstep.plugins import evaluation_action
