@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from rl_graphstep.capture import capture_graph
 from rl_graphstep.errors import CaptureError
-from rl_graphstep.graphstep import capture_graph
 
 if TYPE_CHECKING:
     from rl_graphstep.algorithms.base import OffPolicyAlgorithm

@@ -14,8 +14,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from rl_graphstep.capture import capture_graph
 from rl_graphstep.errors import CaptureError, ConfigError
-from rl_graphstep.graphstep import capture_graph
 from rl_graphstep.memory import available_memory as _available_memory
 from rl_graphstep.memory import format_bytes as _format_bytes
 from rl_graphstep.memory import is_out_of_memory as _is_out_of_memory

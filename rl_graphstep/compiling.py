@@ -1,13 +1,20 @@
-"""When ``torch.compile`` pays for a run, and quiet compiling: the notices the compiler prints
-about choices this project makes on purpose are silenced, exactly those and only while building."""
+"""``torch.compile`` plumbing: when compiling pays for a run, compiling a method now or part by
+part with a fallback to the uncompiled code, and quiet compiling (the compiler's notices about
+choices this project makes on purpose are silenced, exactly those and only while building)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import math
+import types
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from rl_graphstep.capture import describe_error, root_cause
 
 # Measured on an H200 (benchmarks/README.md): compiling SAC's two steps and its target update
 # took 26-36 s in a fresh process (10-16 s with the compiler's on-disk cache warm), and saved
@@ -33,6 +40,85 @@ def compile_pays(updates: int) -> tuple[bool, str]:
     relation = "more" if pays else "less"
     return pays, (f"{updates:,} updates would save about {saved:.0f} s, {relation} than the "
                   f"~{COMPILE_SECONDS:.0f} s compilation takes")
+
+
+# Compiled versions allowed per code object while a step compiles (torch's default is 8).
+_RECOMPILE_LIMIT = 1024
+
+
+def _own_code(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` rebuilt on a copy of its code object.
+
+    ``torch.compile`` keeps compiled versions per code object, guarded on the objects they
+    read (this body's module and optimizer), and stops compiling a code object after
+    ``recompile_limit`` (8) versions. All bodies share their methods' code, so without a copy
+    the ninth step built in a process would silently run uncompiled."""
+    function = method.__func__
+    code = function.__code__.replace()
+    fresh = types.FunctionType(code, function.__globals__, function.__name__,
+                               function.__defaults__, function.__closure__)
+    return types.MethodType(fresh, method.__self__)
+
+
+def compile_now(method: Callable[..., Any], *args: Any, what: str
+                ) -> Callable[..., Any] | None:
+    """``torch.compile(method)`` (a bound method, on a code object of its own), compiled now
+    by one call on ``args`` (make it a call without effect), so that a capture later records
+    the compiled kernels instead of compiling inside the capture. None, with a one-line
+    warning, where the compiler fails."""
+    compiled = torch.compile(_own_code(method))
+    try:
+        compiled(*args)
+    except Exception as error:  # the compiler's own failures have no common base class
+        warnings.warn(f"torch.compile failed on {what} ({describe_error(root_cause(error))}); "
+                      f"it runs uncompiled", stacklevel=3)
+        return None
+    return compiled
+
+
+class CompiledParts:
+    """Named parts of one update (bound methods), each ``torch.compile``d on request.
+
+    A part is compiled on its first call through :meth:`run`; one the compiler fails on
+    (then, before it runs) stays uncompiled for good, with a one-line warning naming it and
+    ``owner``, and :attr:`uncompiled` lists it.
+    """
+
+    def __init__(self, parts: dict[str, Callable[..., Any]], *, compile: bool,
+                 owner: str) -> None:
+        self.owner = owner
+        self.uncompiled: list[str] = []
+        # Each part: [what runs now, its uncompiled form, compiled calls so far].
+        self._parts: dict[str, list[Any]] = {
+            name: [torch.compile(_own_code(part)) if compile else part, part, 0]
+            for name, part in parts.items()
+        }
+
+    def run(self, name: str, *args: Any) -> Any:
+        """Run a part, compiled where possible; on the compiler's failure at the first
+        compiled call, fall back to the uncompiled part for good."""
+        part = self._parts[name]
+        if part[0] is part[1]:
+            return part[1](*args)
+        if part[2]:
+            return part[0](*args)
+        try:
+            # Compiling happens here. Code the compiler reaches through a graph break (the
+            # optimizer's own step wrapper, say) is shared by all steps and guarded on each
+            # one's optimizer: lift the per-code limit of compiled versions for this call, or
+            # the ninth step built in a process would run that code uncompiled.
+            with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
+                result = part[0](*args)
+        except Exception as error:
+            warnings.warn(
+                f"torch.compile failed on the {name} of {self.owner} "
+                f"({describe_error(root_cause(error))}); that part runs uncompiled",
+                stacklevel=4)
+            part[0] = part[1]
+            self.uncompiled.append(name)
+            return part[1](*args)
+        part[2] += 1
+        return result
 
 
 # The compiler's notices about what this project chooses on purpose:

@@ -20,7 +20,8 @@ from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.checkpoint import latest_checkpoint, load_checkpoint
 from rl_graphstep.config import load_config
 from rl_graphstep.evaluate import evaluate
-from rl_graphstep.graphstep import EagerAdaptationStep, clip_grad_norm
+from rl_graphstep.graphstep import EagerAdaptationStep
+from rl_graphstep.guards import clip_grad_norm
 from rl_graphstep.nonfinite import NonFiniteTally
 from rl_graphstep.train import NonFiniteUpdates, main, train
 

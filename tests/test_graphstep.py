@@ -1,23 +1,25 @@
-"""CPU tests of the adaptation step contract: the eager twin, clipping, errors, the factory."""
+"""CPU tests of the adaptation step contract: the eager twin, the documented constructor and
+signatures, errors, the factory, the package's public names."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import gc
+import importlib
+import inspect
 
 import pytest
 import torch
 from torch import nn
 
+import rl_graphstep
 from rl_graphstep import graphstep
 from rl_graphstep.errors import CaptureError
 from rl_graphstep.graphstep import (
     CudaGraphAdaptationStep,
     EagerAdaptationStep,
-    clip_grad_norm,
     make_adaptation_step,
 )
+from rl_graphstep.guards import clip_grad_norm
 
 
 def mlp(seed: int = 0) -> nn.Module:
@@ -64,39 +66,6 @@ def test_capture_consumes_no_update_and_no_random_numbers() -> None:
     assert not optimizer.state
     for key, value in module.state_dict().items():
         assert torch.equal(value, before[key])
-
-
-def test_clip_bounds_the_update_and_records_the_norm() -> None:
-    module = mlp()
-    start = [p.detach().clone() for p in module.parameters()]
-    clip = clip_grad_norm(module.parameters(), max_norm=0.1)
-    optimizer = torch.optim.SGD(module.parameters(), lr=1.0)
-    inputs, targets = batches(1)[0]
-    reference = mlp()
-    mse(reference(inputs), 100 * targets).backward()
-    expected_norm = torch.linalg.vector_norm(
-        torch.stack([torch.linalg.vector_norm(p.grad) for p in reference.parameters()])
-    )
-    step = EagerAdaptationStep.capture(module, optimizer, inputs, 100 * targets, mse,
-                                       gradient_transform=clip)
-    step(inputs, 100 * targets)
-    assert expected_norm > 1.0  # clipping is active
-    torch.testing.assert_close(clip.norm, expected_norm)
-    moved = torch.linalg.vector_norm(
-        torch.cat([(p - s).flatten() for p, s in zip(module.parameters(), start, strict=True)])
-    )
-    torch.testing.assert_close(moved, torch.tensor(0.1), rtol=1e-4, atol=0)
-
-
-def test_clip_with_infinite_max_norm_only_records() -> None:
-    module = mlp()
-    clip = clip_grad_norm(module.parameters(), float("inf"))
-    mse(module(torch.ones(3, 4)), torch.zeros(3, 2)).backward()
-    grads = [p.grad.clone() for p in module.parameters()]
-    clip()
-    assert clip.norm > 0
-    for p, g in zip(module.parameters(), grads, strict=True):
-        assert torch.equal(p.grad, g)
 
 
 def test_optimizer_over_a_subset_changes_only_that_subset() -> None:
@@ -204,94 +173,130 @@ def test_uncapturable_optimizers_are_named(optimizer, message: str) -> None:
         graphstep._check_capturable(optimizer(mlp().parameters()))
 
 
-def test_layout_detects_reallocated_optimizer_state() -> None:
-    module = mlp()
-    optimizer = torch.optim.Adam(module.parameters())
-    EagerAdaptationStep.capture(module, optimizer, *batches(1)[0], mse)(*batches(1)[0])
-    layout = graphstep._Layout(module, optimizer)
-    layout.check()
-    optimizer.load_state_dict(copy.deepcopy(optimizer.state_dict()))  # as from a checkpoint
-    with pytest.raises(RuntimeError, match="state tensors were re-allocated"):
-        layout.check()
+# The specification's constructor and capture, by name and kind of parameter.
+SIX_FIELDS = ["module", "optimizer", "static_inputs", "static_targets", "graph", "static_loss"]
+CAPTURE = ["module", "optimizer", "example_inputs", "example_targets", "loss_function"]
 
 
-def test_layout_detects_reallocated_parameters() -> None:
+def extras(parameters: list[inspect.Parameter], documented: list[str]) -> list[inspect.Parameter]:
+    """The parameters past the documented positional ones, which are checked to come first."""
+    assert [p.name for p in parameters[: len(documented)]] == documented
+    assert all(p.kind is p.POSITIONAL_OR_KEYWORD for p in parameters[: len(documented)])
+    return parameters[len(documented):]
+
+
+def test_the_constructor_takes_the_six_documented_fields_and_keyword_only_extras() -> None:
+    parameters = list(inspect.signature(CudaGraphAdaptationStep).parameters.values())
+    rest = extras(parameters, SIX_FIELDS)
+    assert rest and all(p.kind is p.KEYWORD_ONLY and p.default is not p.empty for p in rest)
+
+
+@pytest.mark.parametrize("kind", [CudaGraphAdaptationStep, EagerAdaptationStep])
+def test_capture_takes_the_documented_arguments_and_keyword_only_extras(kind: type) -> None:
+    parameters = list(inspect.signature(kind.capture).parameters.values())
+    rest = extras(parameters, CAPTURE)
+    assert all(p.kind is p.KEYWORD_ONLY and p.default is not p.empty for p in rest)
+    defaults = {p.name: p.default for p in rest}
+    assert defaults["warmup_steps"] == 3 and defaults["gradient_transform"] is None
+
+
+class HandGraph:
+    """Stands in for a CUDA graph on the CPU (no graph can be made there): ``replay()`` runs
+    the update it was given, on the same tensors, as a captured one would."""
+
+    def __init__(self, update) -> None:
+        self.update = update
+        self.replays = 0
+
+    def pool(self) -> tuple[str, int]:
+        return ("pool", id(self))
+
+    def replay(self) -> None:
+        self.update()
+        self.replays += 1
+
+
+def hand_built_step() -> tuple[CudaGraphAdaptationStep, HandGraph]:
+    """A step built from exactly the six documented fields, positionally."""
     module = mlp()
-    layout = graphstep._Layout(module, torch.optim.Adam(module.parameters()))
-    module.to(torch.float64)
+    optimizer = torch.optim.Adam(module.parameters(), lr=1e-2)
+    static_inputs, static_targets = (t.clone() for t in batches(1, seed=7)[0])
+    static_loss = torch.zeros(())
+
+    def update() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss = mse(module(static_inputs), static_targets)
+        loss.backward()
+        optimizer.step()
+        static_loss.copy_(loss.detach())
+
+    update()  # as a capture's warm-up does: it creates the optimizer state the graph updates
+    graph = HandGraph(update)
+    step = CudaGraphAdaptationStep(module, optimizer, static_inputs, static_targets, graph,
+                                   static_loss)
+    return step, graph
+
+
+def test_a_step_built_from_the_six_documented_fields_copies_and_replays() -> None:
+    step, graph = hand_built_step()
+    reference = mlp()
+    ref_optimizer = torch.optim.Adam(reference.parameters(), lr=1e-2)
+
+    def reference_update(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        ref_optimizer.zero_grad()
+        loss = mse(reference(inputs), targets)
+        loss.backward()
+        ref_optimizer.step()
+        return loss.detach()
+
+    reference_update(*batches(1, seed=7)[0])  # the hand-built step's warm-up
+    assert step.pool == graph.pool() and step.guard is None
+    for inputs, targets in batches(3):
+        loss = step(inputs, targets)
+        assert torch.equal(loss, reference_update(inputs, targets))
+        assert torch.equal(step.static_inputs, inputs)  # copied into the static buffers
+        assert loss.data_ptr() != step.static_loss.data_ptr()  # a clone of the graph's loss
+    assert graph.replays == 3
+    for p, q in zip(step.module.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(p, q)
+
+
+def test_a_hand_built_step_checks_its_inputs_and_layout() -> None:
+    step, graph = hand_built_step()
+    with pytest.raises(ValueError, match=r"inputs has shape \(9, 4\), expected \(8, 4\)"):
+        step(torch.zeros(9, 4), torch.zeros(8, 2))
+    step.module[0].weight.data = step.module[0].weight.data.clone()
     with pytest.raises(RuntimeError, match="parameter or buffer of Sequential was re-allocated"):
-        layout.check()
+        step(*batches(1)[0])
+    assert graph.replays == 0
 
 
-def test_layout_detects_changed_parameter_groups() -> None:
-    module = mlp()
-    optimizer = torch.optim.Adam(module[0].parameters())
-    layout = graphstep._Layout(module, optimizer)
-    optimizer.add_param_group({"params": module[2].parameters()})
-    with pytest.raises(RuntimeError, match="parameter groups or their settings changed"):
-        layout.check()
-    layout = graphstep._Layout(module, optimizer)
-    optimizer.param_groups[0]["lr"] = 0.5
-    with pytest.raises(RuntimeError, match="parameter groups or their settings changed"):
-        layout.check()
+def test_run_update_without_a_body_says_it_needs_capture() -> None:
+    step, graph = hand_built_step()
+    with pytest.raises(CaptureError, match=r"run_update needs the step's update body.*"
+                                           r"CudaGraphAdaptationStep\.capture\(\.\.\.\)"):
+        step.run_update()
+    assert graph.replays == 0
+    step.replay()  # replaying its graph still works
+    assert graph.replays == 1
 
 
-def test_root_cause_walks_the_context_chain() -> None:
-    try:
-        try:
-            raise ValueError("the real cause")
-        except ValueError:
-            raise RuntimeError("operation failed due to a previous error during capture") from None
-    except RuntimeError as error:
-        # `from None` hides it from the traceback but the context is still there
-        assert str(graphstep._root_cause(error)) == "the real cause"
-
-
-def test_no_garbage_is_collected_during_a_capture() -> None:
-    finalized = []
-
-    class Cycle:
-        def __init__(self) -> None:
-            self.me = self
-
-        def __del__(self) -> None:
-            finalized.append(True)
-
-    Cycle()  # unreachable, but only the cyclic collector frees it
-    with graphstep._no_garbage_collection():
-        assert finalized == [True]  # collected before the capture starts
-        assert not gc.isenabled()
-    assert gc.isenabled()
-
-
-@pytest.mark.parametrize("fails", [False, True], ids=["captured", "capture-failed"])
-def test_each_capture_gets_a_cublas_workspace_of_its_own(
-        fails: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch's per-stream cuBLAS workspace cache is cleared before the capture (the capture
-    then allocates its own, in its graph's pool) and after it, failed or not (later work
-    does not reuse the graph's), with no garbage collection in between."""
-    log = []
-
-    class Graph:
-        def __init__(self, graph: object, pool: object = None) -> None:
-            log.append(("graph", graph, pool))
-
-        def __enter__(self) -> None:
-            log.append(("capture", gc.isenabled()))
-
-        def __exit__(self, *exc: object) -> None:
-            log.append("end")
-
-    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces",
-                        lambda: log.append("clear"), raising=False)
-    monkeypatch.setattr(torch.cuda, "graph", Graph)
-    expected = pytest.raises(RuntimeError) if fails else contextlib.nullcontext()
-    with expected, graphstep._capturing("g", "pool"):
-        log.append("work")
-        if fails:
-            raise RuntimeError("cannot capture")
-    assert log == ["clear", ("graph", "g", "pool"), ("capture", False), "work", "end", "clear"]
-    assert gc.isenabled()
+def test_an_eager_step_built_directly_runs_as_a_captured_one() -> None:
+    data = batches(4)
+    built_module, captured_module = mlp(), mlp()
+    built = EagerAdaptationStep(
+        built_module, torch.optim.Adam(built_module.parameters(), lr=1e-2),
+        data[0][0].clone(), data[0][1].clone(), mse,
+        gradient_transform=clip_grad_norm(built_module.parameters(), 0.5), skip_nonfinite=True)
+    captured = EagerAdaptationStep.capture(
+        captured_module, torch.optim.Adam(captured_module.parameters(), lr=1e-2), *data[0], mse,
+        gradient_transform=clip_grad_norm(captured_module.parameters(), 0.5),
+        skip_nonfinite=True)
+    for inputs, targets in data:
+        assert torch.equal(built(inputs, targets), captured(inputs, targets))
+    for p, q in zip(built_module.parameters(), captured_module.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert built.guard is not None and built.guard.skipped.item() == 0
 
 
 def test_compiled_eager_step_matches_the_uncompiled_one() -> None:
@@ -364,3 +369,10 @@ def test_every_step_built_in_one_process_compiles(monkeypatch: pytest.MonkeyPatc
         graphs_per_step.append(counters["stats"]["unique_graphs"] - before)
     assert graphs_per_step[0] >= 2  # forward + loss, and the optimizer part
     assert graphs_per_step == [graphs_per_step[0]] * 10
+
+
+def test_the_package_exports_the_public_contract() -> None:
+    for name in rl_graphstep.__all__:
+        home = importlib.import_module(rl_graphstep._HOMES[name])
+        assert getattr(rl_graphstep, name) is getattr(home, name)
+    assert set(rl_graphstep._HOMES) == set(rl_graphstep.__all__)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from rl_graphstep.graphstep import capture_graph
+from rl_graphstep.capture import capture_graph
 from rl_graphstep.metrics import MetricSums
 
 # Fused graphs are built for schedules that repeat within this many updates; a longer period

@@ -19,7 +19,8 @@ from rl_graphstep.algorithms.base import Metrics, OffPolicyAlgorithm
 from rl_graphstep.buffer import BatchSampler, ReplayBuffer
 from rl_graphstep.config import Config
 from rl_graphstep.errors import CaptureError
-from rl_graphstep.graphstep import AdaptationStep, clip_grad_norm, make_adaptation_step
+from rl_graphstep.graphstep import AdaptationStep, make_adaptation_step
+from rl_graphstep.guards import clip_grad_norm
 from rl_graphstep.learners.fused import MAX_PHASES, FusedUpdate
 from rl_graphstep.metrics import MetricSums
 from rl_graphstep.networks import StateActionInput

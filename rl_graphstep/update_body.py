@@ -1,0 +1,117 @@
+"""The update both adaptation steps run: zero grads, forward, loss, backward, gradient transform,
+(guarded) optimizer step, optionally compiled part by part."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor, nn
+
+from rl_graphstep.capture import selected_parameters
+from rl_graphstep.compiling import CompiledParts
+from rl_graphstep.guards import GradNormClip, NonFiniteGuard
+
+if TYPE_CHECKING:
+    from rl_graphstep.graphstep import GradientTransform, TensorLoss
+
+_FORWARD_LOSS = "forward and loss"
+_APPLY = "gradient transform and optimizer step"
+
+
+def _check_scalar_loss(loss: Any, loss_function: Callable) -> None:
+    name = getattr(loss_function, "__qualname__", type(loss_function).__name__)
+    if not isinstance(loss, Tensor):
+        raise TypeError(f"loss_function {name} returned {type(loss).__name__}, expected a tensor")
+    if loss.dim() != 0:
+        raise ValueError(
+            f"loss_function {name} returned shape {tuple(loss.shape)}, expected a scalar "
+            "(shape ()); reduce it, e.g. with .mean()"
+        )
+    if not loss.requires_grad:
+        raise ValueError(
+            f"loss_function {name} returned a tensor that does not require grad; it must "
+            "depend on the optimizer's parameters"
+        )
+
+
+class UpdateBody:
+    """The update both steps run: zero grads, forward, loss, backward, transform, step.
+
+    Backward is restricted to the optimizer's parameters, so other module parameters and any
+    module the loss calls (a critic inside an actor's loss) get no ``.grad`` written.
+
+    With ``compile=True`` two parts are ``torch.compile``d (default mode), which fuses their
+    many small kernels: forward + loss (its backward is compiled with it) and transform +
+    guard + optimizer step. The first call runs uncompiled: it checks the loss and creates the
+    optimizer state, so the compiled code is traced once against the state it will keep. A
+    part the compiler fails on (on its first compiled call, before it runs) stays uncompiled,
+    with a warning, and :attr:`uncompiled_parts` names it.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_function: TensorLoss,
+        gradient_transform: GradientTransform | None,
+        guard: NonFiniteGuard | None = None,
+        *,
+        compile: bool = False,
+    ) -> None:
+        self.module = module
+        self.optimizer = optimizer
+        self.loss_function = loss_function
+        self.gradient_transform = gradient_transform
+        self.guard = guard
+        self.parameters = selected_parameters(optimizer)
+        self._parts = CompiledParts({_FORWARD_LOSS: self._forward_loss, _APPLY: self._apply},
+                                    compile=compile, owner=module._get_name())
+        self._first_call_done = False
+
+    @property
+    def uncompiled_parts(self) -> list[str]:
+        """The parts the compiler failed on, which run uncompiled."""
+        return self._parts.uncompiled
+
+    def _forward_loss(self, inputs: Tensor, targets: Tensor) -> Tensor:
+        return self.loss_function(self.module(inputs), targets)
+
+    def forward_loss(self, inputs: Tensor, targets: Tensor) -> Tensor:
+        """The loss on ``inputs``/``targets``, checked to be a differentiable scalar."""
+        loss = self._forward_loss(inputs, targets)
+        _check_scalar_loss(loss, self.loss_function)
+        return loss
+
+    def _apply(self, loss: Tensor) -> None:
+        """Transform the gradients and step (skipping a non-finite update when guarded)."""
+        if self.gradient_transform is not None:
+            self.gradient_transform()
+        if self.guard is None:
+            self.optimizer.step()
+        else:
+            norm = self.gradient_transform.norm if isinstance(
+                self.gradient_transform, GradNormClip) else None
+            keep = self.guard.before_step(loss, self.parameters, norm)
+            self.optimizer.step()
+            self.guard.after_step(keep)
+
+    def __call__(self, inputs: Tensor, targets: Tensor) -> Tensor:
+        # set_to_none: inside a capture, backward then allocates the gradients from the graph's
+        # pool instead of recording an accumulation into stale ones.
+        self.optimizer.zero_grad(set_to_none=True)
+        if self._first_call_done:
+            loss = self._parts.run(_FORWARD_LOSS, inputs, targets)
+        else:
+            loss = self.forward_loss(inputs, targets)
+        loss.backward(inputs=self.parameters)
+        # No grad: all of it works on gradients, and a compiled graph that starts with grad
+        # mode on is traced as a training graph, which copies every tensor it updates.
+        with torch.no_grad():
+            if self._first_call_done:
+                self._parts.run(_APPLY, loss.detach())
+            else:
+                self._apply(loss.detach())
+        self._first_call_done = True
+        return loss.detach()

@@ -1,0 +1,51 @@
+"""GPU tests of capture_graph: a captured function replays on its tensors' current values,
+capturing consumes no random numbers, and a failed capture names its cause and leaves CUDA
+usable."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl_graphstep.capture import capture_graph
+from rl_graphstep.errors import CaptureError
+
+pytestmark = pytest.mark.cuda
+DEVICE = torch.device("cuda", 0)
+
+
+def test_a_captured_function_replays_on_current_values_and_draws_fresh_noise() -> None:
+    source = torch.arange(4.0, device=DEVICE)
+    out = torch.zeros(4, device=DEVICE)
+
+    def shifted_noise() -> torch.Tensor:
+        out.copy_(source + torch.rand(4, device=DEVICE))
+        return out
+
+    torch.manual_seed(0)
+    states = torch.get_rng_state(), torch.cuda.get_rng_state(DEVICE)
+    graph, result = capture_graph(shifted_noise, DEVICE, what="a draw", warmup_steps=2)
+    assert result is out
+    assert torch.equal(torch.get_rng_state(), states[0])
+    assert torch.equal(torch.cuda.get_rng_state(DEVICE), states[1])  # no number consumed
+    graph.replay()
+    first = out.clone()
+    source.add_(10.0)
+    graph.replay()
+    torch.cuda.synchronize()
+    noise = out - source
+    assert bool(((noise >= 0) & (noise < 1)).all())  # read the new source
+    assert not torch.equal(noise, first - (source - 10.0))  # and drew new numbers
+
+
+def test_a_failed_capture_names_the_cause_and_leaves_random_draws_working() -> None:
+    x = torch.ones(3, device=DEVICE)
+
+    def host_sync() -> torch.Tensor:
+        return x * 2 if x.sum().item() > 0 else x
+
+    message = (r"could not capture the test's function \(at tests/test_capture_cuda.py:\d+\): "
+               r".*remove \.item\(\)")
+    with pytest.raises(CaptureError, match=message):
+        capture_graph(host_sync, DEVICE, what="the test's function")
+    assert torch.randn(3, device=DEVICE).isfinite().all()
