@@ -32,7 +32,7 @@ from torch.profiler import ProfilerActivity, profile
 from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.algorithms.base import ActorCritic
 from rl_graphstep.buffer import ReplayBuffer
-from rl_graphstep.config import load_config
+from rl_graphstep.flags import load_config
 from rl_graphstep.train import matmul_precision, resolve_compile, resolve_graph, train
 
 # name -> flags; "graph" modes without overlap wait for the updates every env step. Modes

@@ -34,7 +34,7 @@ from rl_graphstep.checkpoint import RunLock, list_checkpoints, load_checkpoint, 
 from rl_graphstep.cli import end_startup_guard, exit_quietly
 from rl_graphstep.collector import Collector
 from rl_graphstep.compiling import quiet_compiler, updates_ahead
-from rl_graphstep.config import Config, command_line_values, load_config, to_markdown_table
+from rl_graphstep.config import Config, to_markdown_table
 from rl_graphstep.console import LoopClock, ProgressDisplay, done_line
 from rl_graphstep.envs import (
     EpisodeStatistics,
@@ -44,6 +44,7 @@ from rl_graphstep.envs import (
     seed_everything,
 )
 from rl_graphstep.errors import ConfigError, RLGraphstepError
+from rl_graphstep.flags import command_line_values, load_config
 from rl_graphstep.learners import OffPolicyLearner
 from rl_graphstep.logger import Logger, check_run_dir, claim_run_dir
 from rl_graphstep.netspec import describe_networks, make_networks, networks_of_run, record_networks

@@ -13,8 +13,9 @@ from torch import nn
 
 from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.buffer import ReplayBuffer
-from rl_graphstep.config import Config, load_config
+from rl_graphstep.config import Config
 from rl_graphstep.errors import CaptureError, ConfigError
+from rl_graphstep.flags import load_config
 from rl_graphstep.graphstep import CudaGraphAdaptationStep, EagerAdaptationStep
 from rl_graphstep.networks import DeterministicActor
 from rl_graphstep.train import train

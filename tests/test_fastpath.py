@@ -31,9 +31,10 @@ from rl_graphstep.compiling import (
     compile_pays,
     updates_ahead,
 )
-from rl_graphstep.config import Config, load_config
+from rl_graphstep.config import Config
 from rl_graphstep.envs import EnvStepper, EpisodeStatistics, make_vec_env, scale_action
 from rl_graphstep.errors import CaptureError, ConfigError
+from rl_graphstep.flags import load_config
 from rl_graphstep.graphstep import EagerAdaptationStep
 from rl_graphstep.metrics import MetricSums
 from rl_graphstep.train import main, resolve_compile, train

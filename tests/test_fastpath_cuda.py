@@ -17,8 +17,9 @@ from rl_graphstep import acting
 from rl_graphstep.acting import ActionPipe
 from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.buffer import BatchSampler, ReplayBuffer
-from rl_graphstep.config import Config, load_config
+from rl_graphstep.config import Config
 from rl_graphstep.errors import CaptureError
+from rl_graphstep.flags import load_config
 from rl_graphstep.graphstep import CudaGraphAdaptationStep, EagerAdaptationStep
 from rl_graphstep.metrics import MetricSums
 from rl_graphstep.networks import SquashedGaussianActor

@@ -24,7 +24,8 @@ from rl_graphstep.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from rl_graphstep.config import config_to_dict, load_config
+from rl_graphstep.config import config_to_dict
+from rl_graphstep.flags import load_config
 from rl_graphstep.train import main, train
 
 ROOT = Path(__file__).resolve().parent.parent

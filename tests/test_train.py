@@ -20,7 +20,8 @@ from rl_graphstep.acting import ActionPipe
 from rl_graphstep.algorithms.base import ActorCritic
 from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.checkpoint import load_checkpoint
-from rl_graphstep.config import Config, load_config
+from rl_graphstep.config import Config
+from rl_graphstep.flags import load_config
 from rl_graphstep.train import main, train
 
 TAGS = {
