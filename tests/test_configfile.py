@@ -11,9 +11,7 @@ import pytest
 from configtools import one_line_error, write
 
 from rl_graphstep.algorithms import ALGORITHMS
-from rl_graphstep.config import (
-    config_from_dict,
-)
+from rl_graphstep.config import config_from_dict
 from rl_graphstep.configfile import default_config_file, read_config_file
 from rl_graphstep.flags import load_config
 

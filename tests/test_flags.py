@@ -9,13 +9,7 @@ from pathlib import Path
 import pytest
 from configtools import one_line_error, write
 
-from rl_graphstep.config import (
-    FIELDS,
-    REMOVED,
-    Config,
-    config_to_dict,
-    removed_flags,
-)
+from rl_graphstep.config import FIELDS, REMOVED, Config, config_to_dict, removed_flags
 from rl_graphstep.errors import ConfigError
 from rl_graphstep.flags import build_parser, load_config
 
