@@ -17,17 +17,15 @@ from rl_graphstep import checkpoint as ckpt
 from rl_graphstep.checkpoint import (
     FORMAT,
     REQUIRED_KEYS,
-    PartialSaves,
-    RunLock,
     checkpoint_path,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
-    remove_partial_saves,
     save_checkpoint,
 )
 from rl_graphstep.config import Config, config_to_dict
 from rl_graphstep.errors import CheckpointError, RLGraphstepError, RunFolderError
+from rl_graphstep.rundir import PartialSaves, RunLock, remove_partial_saves
 
 
 def make_state(step: int, env_id: str = "Pendulum-v1", algo: str = "sac") -> dict[str, Any]:
