@@ -1,6 +1,5 @@
-"""Checks of a built actor or critic: one forward pass on a random batch before anything is
-captured, so a wrong shape, range or a host sync is one line naming the class, not a failed
-capture."""
+"""Checks of a built actor or critic: one forward pass on a random batch before any capture, so
+a wrong shape, range or host sync is one line naming the class, not a failed capture."""
 
 from __future__ import annotations
 
