@@ -1,5 +1,5 @@
 """The run folder a training run writes into: its name, making it, and its ownership by one
-training process at a time (RunLock), which also clears what killed saves left half-written."""
+training process at a time (RunLock), whose owner clears what killed saves left half-written."""
 
 from __future__ import annotations
 
