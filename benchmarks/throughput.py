@@ -35,7 +35,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 from rl_graphstep.buffer import ReplayBuffer
-from rl_graphstep.config import load_config
+from rl_graphstep.flags import load_config
 from rl_graphstep.learners import OffPolicyLearner
 from rl_graphstep.plan import matmul_precision
 from rl_graphstep.train import train

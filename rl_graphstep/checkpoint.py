@@ -1,8 +1,7 @@
 """Checkpoints of a run: written atomically, the newest ``keep`` kept, found and loaded with one
 clear line for every way a checkpoint can be missing, broken or of another run.
 
-A run folder is owned by one training process at a time (:class:`RunLock` on ``.lock``); the
-owner removes what saves of killed runs left half-written (:func:`remove_partial_saves`).
+Who may write into a run folder, and the cleaning of half-written saves: rl_graphstep.rundir.
 
 Layout: ``<run_dir>/checkpoints/step_{global_step:012d}.pt`` (zero-padded, so names sort by step).
 
@@ -33,43 +32,31 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import errno
 import os
 import pickle
 import re
-import socket
 import tempfile
-import warnings
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
 from rl_graphstep.config import plain_value
-from rl_graphstep.errors import CheckpointError, RunFolderError, display_path, first_line
-
-try:
-    import fcntl
-except ImportError:  # Windows: no advisory locks, see RunLock
-    fcntl = None  # type: ignore[assignment]
+from rl_graphstep.errors import CheckpointError, display_path, first_line
 
 __all__ = [
     "CHECKPOINT_DIR",
     "FORMAT",
-    "LOCK_FILE",
+    "PARTIAL_FILES",
     "REQUIRED_KEYS",
-    "PartialSaves",
-    "RunLock",
     "checkpoint_path",
     "find_checkpoint",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
     "networks_mismatch",
-    "remove_partial_saves",
     "save_checkpoint",
     "set_aside_later",
 ]
@@ -83,12 +70,9 @@ REQUIRED_KEYS: tuple[str, ...] = ("format", "config", "global_step", "agent")
 CHECKPOINT_DIR = "checkpoints"
 """The folder of a run that holds its checkpoints."""
 
-LOCK_FILE = ".lock"
-"""The file in a run folder that its owning training process holds a lock on."""
-
 _NAME = re.compile(r"step_(\d+)\.pt")
-# The temporary file of a save in progress (see _write_atomically).
-_PARTIAL = ".step_*.tmp"
+PARTIAL_FILES = ".step_*.tmp"
+"""The name pattern of a save's temporary file in ``checkpoints/`` (see _write_atomically)."""
 
 
 def checkpoint_path(run_dir: Path | str, step: int) -> Path:
@@ -345,164 +329,6 @@ def _check_run(state: Mapping[str, Any], shown: str, env_id: str | None, algo: s
     want_algo = have_algo if algo is None else algo
     raise CheckpointError(f"checkpoint {shown} is of {have_algo} on {have_env}, "
                           f"not {want_algo} on {want_env}")
-
-
-# ----------------------------------------------------------------------------- run ownership
-
-# The descriptors of the run locks this process holds. A forked child (AsyncVectorEnv's
-# workers) shares them, and with them the lock: it would keep a run killed
-# with kill -9 locked until it noticed its parent was gone. Children close their copies (that
-# leaves the parent's lock in place: a flock goes with the last descriptor of its file).
-_HELD: set[int] = set()
-
-
-def _close_held_in_child() -> None:
-    for fd in _HELD:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _HELD.clear()
-
-
-if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork (nor flock)
-    os.register_at_fork(after_in_child=_close_held_in_child)
-
-
-class RunLock:
-    """Ownership of a run folder by one training process for its whole life: an exclusive
-    advisory lock (``flock``) on ``<run_dir>/.lock``, a file that names the owner's pid and
-    host for the line a second process gets.
-
-    The kernel drops the lock when its process ends in any way, ``kill -9`` included, so the
-    lock of a dead run is simply free again: nothing stale is ever left to remove by hand.
-    Readers (evaluation) take no lock; reading a run while it trains is fine. Where ``fcntl``
-    does not exist (Windows) runs are not locked; where the file system refuses locks a
-    warning says so and the run goes on unlocked.
-
-    Args:
-        run_dir: the run folder; made (with its parents) when missing, and removed again on
-            release when it was made here and nothing else was written into it, so a run
-            refused for bad input leaves no empty folder behind.
-        advice: what the refused process should do instead, the end of its one line.
-
-    Raises:
-        RunFolderError: on entering, when another process owns the folder or the lock file
-            cannot be made.
-    """
-
-    def __init__(self, run_dir: Path | str, *,
-                 advice: str = "wait for it to end or pick another --run-name") -> None:
-        self.run_dir = Path(run_dir)
-        self.path = self.run_dir / LOCK_FILE
-        self.advice = advice
-        self._fd: int | None = None
-        self._made: list[Path] = []
-
-    def __enter__(self) -> RunLock:
-        if fcntl is None:
-            return self
-        self._made = [p for p in (self.run_dir, *self.run_dir.parents) if not p.exists()]
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._fd = self._lock()
-            if self._fd is not None:
-                _HELD.add(self._fd)
-                os.ftruncate(self._fd, 0)
-                os.write(self._fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
-        except OSError as error:
-            self.__exit__(None, None, None)
-            raise RunFolderError(
-                f"cannot make the lock file {display_path(str(self.path))} "
-                f"({error.strerror or error}); the run folder must be writable") from None
-        except BaseException:
-            self.__exit__(None, None, None)
-            raise
-        return self
-
-    def _lock(self) -> int | None:
-        """The descriptor of the locked file at ``self.path``; None when locks are refused."""
-        assert fcntl is not None
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise RunFolderError(self._in_use()) from None
-            except OSError as error:
-                os.close(fd)
-                if error.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-                    raise
-                warnings.warn(f"{display_path(str(self.run_dir))}: the file system refuses "
-                              "locks, so nothing stops a second training from using this run "
-                              "folder at the same time", stacklevel=3)
-                return None
-            # The previous owner removes the file on release: if it did so after we opened
-            # it, we hold a lock on a file no one else can find. Lock the one at the path.
-            try:
-                if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
-                    return fd
-            except FileNotFoundError:
-                pass
-            os.close(fd)
-
-    def _in_use(self) -> str:
-        try:
-            pid, _, host = self.path.read_text(encoding="utf-8").strip().partition(" ")
-        except (OSError, UnicodeDecodeError):
-            pid, host = "", ""
-        owner = ""
-        if pid.isdigit():  # empty for the moment between the owner's lock and its write
-            owner = f" (pid {pid})" if host in ("", socket.gethostname()) else (
-                f" (pid {pid} on {host})")
-        return (f"{display_path(str(self.run_dir))} is in use by another training{owner}; "
-                f"{self.advice}")
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if self._fd is not None:
-            # Removed while still held, so no one takes a lock on it in between (see _lock).
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)
-            _HELD.discard(self._fd)
-            os.close(self._fd)
-            self._fd = None
-        for folder in self._made:  # innermost first; rmdir leaves a folder that is not empty
-            try:
-                folder.rmdir()
-            except OSError:
-                break
-        self._made = []
-
-
-class PartialSaves(NamedTuple):
-    """What :func:`remove_partial_saves` removed."""
-
-    files: int
-    size: int  # bytes
-
-    def describe(self) -> str:
-        """``removed 3 partial checkpoint files (45 MB)``."""
-        size = (f"{self.size / 1e6:.0f} MB" if self.size >= 1e6 else
-                f"{self.size / 1e3:.0f} kB" if self.size >= 1e3 else f"{self.size} bytes")
-        noun = "file" if self.files == 1 else "files"
-        return f"removed {self.files} partial checkpoint {noun} ({size})"
-
-
-def remove_partial_saves(run_dir: Path | str) -> PartialSaves:
-    """Delete the temporary files that saves of killed runs left in ``checkpoints/``.
-
-    Call it only while holding the run's :class:`RunLock`: the temporary file of a save in
-    progress looks just the same.
-    """
-    files = size = 0
-    for path in (Path(run_dir) / CHECKPOINT_DIR).glob(_PARTIAL):
-        try:
-            bytes_ = path.stat().st_size
-            path.unlink()
-        except OSError:
-            continue
-        files, size = files + 1, size + bytes_
-    return PartialSaves(files, size)
 
 
 # The settings that shape the networks: resuming with any of them changed cannot load.

@@ -1,49 +1,25 @@
-"""The typed run configuration: dataclass defaults < the env's default YAML < --config < flags."""
+"""The typed run configuration: every setting of a run, its value checks, and its plain-value
+form for files and checkpoints (YAML files: configfile; the command line: flags)."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import difflib
-import importlib.resources
 import json
 import math
 import typing
 import warnings
-from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import yaml
+from collections.abc import Mapping
+from typing import Any
 
 from rl_graphstep.algorithms import ALGORITHMS
-from rl_graphstep.cli import OneLineParser
 from rl_graphstep.errors import ConfigError
-
-if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11+; the package supports 3.10
-    from importlib.resources.abc import Traversable
 
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 # The values of every on/off setting that can also be left to the machine.
 SWITCH_MODES: tuple[str, ...] = ("auto", "on", "off")
 VEC_ENVS: tuple[str, ...] = ("sync", "async")
 
-# Env-id base names (before "-vN") that share the MuJoCo default hyperparameters.
-MUJOCO_ENVS: frozenset[str] = frozenset(
-    {
-        "Ant",
-        "HalfCheetah",
-        "Hopper",
-        "Humanoid",
-        "HumanoidStandup",
-        "InvertedDoublePendulum",
-        "InvertedPendulum",
-        "Pusher",
-        "Reacher",
-        "Swimmer",
-        "Walker2d",
-    }
-)
 
 
 def option(default: Any, help: str) -> Any:
@@ -162,9 +138,9 @@ class Config:
             # Direct construction gets the same type checks as YAML (and lists become tuples,
             # so a Config stays hashable); frozen, hence object.__setattr__.
             object.__setattr__(self, f.name, _coerce(f.name, getattr(self, f.name)))
-            problem = _value_problem(f.name, getattr(self, f.name))
+            problem = value_problem(f.name, getattr(self, f.name))
             if problem:
-                raise ConfigError(f"{_flag(f.name)} {problem}")
+                raise ConfigError(f"{flag_of(f.name)} {problem}")
         if self.autotune and self.alpha == 0:
             raise ConfigError("--alpha must be > 0 with --autotune (it starts log(alpha)), got 0.0")
         problem = _learning_problem(self)
@@ -197,7 +173,7 @@ def _learning_problem(cfg: Config) -> str | None:
 
 FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(Config)}
 # Resolved annotations (the module uses postponed evaluation, so f.type is a string).
-_TYPES: dict[str, Any] = typing.get_type_hints(Config)
+FIELD_TYPES: dict[str, Any] = typing.get_type_hints(Config)
 
 # Settings that left Config -> the line a flag or YAML key naming one gets instead (each was a
 # boolean flag, so its --no- form too). {old} is the name as the user wrote it; any other
@@ -219,14 +195,14 @@ class _Spelling(dict[str, str]):
         self.as_flag = as_flag
 
     def __missing__(self, name: str) -> str:
-        return _flag(name) if self.as_flag else f"{name}:"
+        return flag_of(name) if self.as_flag else f"{name}:"
 
 
 def removed_flags() -> dict[str, str]:
     """Every command-line spelling of a removed setting -> its line."""
     return {flag: message.format_map(_Spelling(flag, as_flag=True))
             for name, message in REMOVED.items()
-            for flag in (_flag(name), "--no-" + _flag(name)[2:])}
+            for flag in (flag_of(name), "--no-" + flag_of(name)[2:])}
 
 
 def _removed_key(name: str, source: str) -> str:
@@ -245,21 +221,21 @@ _POSITIVE_INTS = (
     "keep_checkpoints",
     "nonfinite_limit",
 )
-_CHOICES: dict[str, tuple[str, ...]] = {
+CHOICES: dict[str, tuple[str, ...]] = {
     "algo": tuple(ALGORITHMS), "device": DEVICES, "vec_env": VEC_ENVS, "graph": SWITCH_MODES,
     "compile": SWITCH_MODES, "action_stream": SWITCH_MODES,
 }
 # The auto/on/off settings: YAML 1.1 reads a bare on/off as true/false, and configs saved
 # before --action-stream had an auto value hold a bool there; both mean on/off.
-_SWITCHES = tuple(name for name, choices in _CHOICES.items() if choices is SWITCH_MODES)
+SWITCH_FIELDS = tuple(name for name, choices in CHOICES.items() if choices is SWITCH_MODES)
 
 
 _NOISES = ("policy_noise", "noise_clip", "exploration_noise")
-_KWARGS = ("actor_kwargs", "critic_kwargs")
 _SPEC_FORMS = "package.module:ClassName or path/to/file.py:ClassName"
 
 
-def _flag(name: str) -> str:
+def flag_of(name: str) -> str:
+    """The command-line flag of a field: ``batch_size`` -> ``--batch-size``."""
     return "--" + name.replace("_", "-")
 
 
@@ -318,10 +294,10 @@ def _limit_problem(name: str, value: Any) -> str | None:
     return None
 
 
-def _value_problem(name: str, value: Any) -> str | None:
+def value_problem(name: str, value: Any) -> str | None:
     """What is wrong with one (already well-typed) value, or None when it is fine."""
-    if name in _CHOICES and value not in _CHOICES[name]:
-        return f"must be one of {', '.join(_CHOICES[name])}, got {value!r}"
+    if name in CHOICES and value not in CHOICES[name]:
+        return f"must be one of {', '.join(CHOICES[name])}, got {value!r}"
     if name in _POSITIVE_INTS and value <= 0:
         return f"must be a positive int, got {value!r}"
     if name in ("seed", "learning_starts") and value < 0:
@@ -375,7 +351,7 @@ def _as_float(value: Any) -> float:
 
 def _coerce(name: str, value: Any) -> Any:
     """Convert one YAML/dict value to the field's type; ConfigError names what was expected."""
-    kind = _TYPES[name]
+    kind = FIELD_TYPES[name]
     expected = {int: "an int", float: "a number", bool: "true or false", str: "a string"}
     try:
         if kind is int:
@@ -386,7 +362,7 @@ def _coerce(name: str, value: Any) -> Any:
             if not isinstance(value, bool):
                 raise TypeError
             return value
-        if name in _SWITCHES and isinstance(value, bool):
+        if name in SWITCH_FIELDS and isinstance(value, bool):
             return "on" if value else "off"
         if kind in (str, str | None):
             if value is None and kind is not str:
@@ -412,7 +388,7 @@ def _coerce(name: str, value: Any) -> Any:
         raise ConfigError(f"{name} must be {what}, got {value!r}") from None
 
 
-def _coerce_mapping(data: Mapping[Any, Any], source: str) -> dict[str, Any]:
+def coerce_mapping(data: Mapping[Any, Any], source: str) -> dict[str, Any]:
     """Check keys, types and values of a partial config mapping; `source` names it in errors."""
     out: dict[str, Any] = {}
     for key, raw in data.items():
@@ -428,7 +404,7 @@ def _coerce_mapping(data: Mapping[Any, Any], source: str) -> dict[str, Any]:
             value = _coerce(key, raw)
         except ConfigError as err:
             raise ConfigError(f"{err} in {source}") from None
-        problem = _value_problem(key, value)
+        problem = value_problem(key, value)
         if problem:
             raise ConfigError(f"{key} {problem} in {source}")
         out[key] = value
@@ -437,7 +413,7 @@ def _coerce_mapping(data: Mapping[Any, Any], source: str) -> dict[str, Any]:
 
 def config_from_dict(data: Mapping[str, Any], source: str = "the config mapping") -> Config:
     """Build a Config from a (partial) mapping of field names; missing keys keep defaults."""
-    return Config(**_coerce_mapping(data, source))
+    return Config(**coerce_mapping(data, source))
 
 
 def saved_config_values(saved: Mapping[str, Any], *, resuming: bool = False) -> dict[str, Any]:
@@ -479,251 +455,3 @@ def _cell(value: Any) -> str:
     # Mappings as JSON, the form --actor-kwargs takes; a bare "|" would end the cell early.
     text = json.dumps(value, default=str) if isinstance(value, dict) else str(value)
     return text.replace("|", "\\|")
-
-
-# ----------------------------------------------------------------------------- YAML files
-
-
-def default_config_file(env_id: str, algo: str = "sac") -> Traversable | None:
-    """The shipped `configs/{algo}_{family}.yaml` tuned for env_id's family, or None (also for
-    an unknown algo, which Config then reports)."""
-    base = env_id.rsplit("/", 1)[-1].split("-v")[0]
-    family = "pendulum" if base == "Pendulum" else "mujoco" if base in MUJOCO_ENVS else None
-    if family is None or algo not in ALGORITHMS:
-        return None
-    path = _configs_dir() / f"{algo}_{family}.yaml"
-    return path if path.is_file() else None
-
-
-def _configs_dir() -> Traversable:
-    """The shipped configs: package data when installed, the checkout's `configs/` when the
-    package runs straight from a source tree (not installed)."""
-    try:
-        return importlib.resources.files("rl_graphstep.configs")
-    except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / "configs"
-
-
-def read_config_file(path: Path | Traversable | str) -> dict[str, Any]:
-    """Read, type-check and value-check one YAML config file (a partial mapping of fields)."""
-    path = Path(path) if isinstance(path, str) else path
-    name = str(path)
-    if not path.is_file():
-        what = "is not a file" if isinstance(path, Path) and path.exists() else "does not exist"
-        raise ConfigError(f"config file {name!r} {what}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"config file {name!r} is not valid YAML{where}: {problem}") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"config file {name!r} cannot be read: {err}") from None
-    if data is None:  # an empty file (or only comments) changes nothing
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"config file {name!r} must be a mapping of key: value lines, "
-            f"got a YAML {type(data).__name__}"
-        )
-    return _coerce_mapping(data, name)
-
-
-# ----------------------------------------------------------------------------- command line
-
-
-def build_parser(shown: ShownDefaults | None = None) -> argparse.ArgumentParser:
-    """One --kebab-case flag per Config field; flags not given stay absent from the namespace.
-    ``shown``: the defaults the help texts give (the built-in ones when None)."""
-    # Mistakes raise one ConfigError line; no abbreviations (--learning is no --learning-starts).
-    parser = OneLineParser(
-        prog="python -m rl_graphstep.train",
-        description="Train an off-policy actor-critic agent with CUDA-graph-captured updates."
-        + (f" {shown.note}" if shown else ""),
-        epilog=(
-            "Precedence: built-in defaults < the shipped YAML for --algo and the env "
-            "(configs/{algo}_pendulum.yaml for Pendulum-v1, configs/{algo}_mujoco.yaml for "
-            "MuJoCo envs; only without --config) < --config FILE < flags given here."
-        ),
-        argument_default=argparse.SUPPRESS,
-        removed=removed_flags(),
-    )
-    parser.add_argument(
-        "--config", metavar="FILE", help="YAML file of field: value overrides (keys as below)"
-    )
-    for name, f in FIELDS.items():
-        kind = _TYPES[name]
-        help_text = f"{f.metadata['help']} ({_default_text(name, shown)})"
-        flags = [_flag(name), "--env"] if name == "env_id" else [_flag(name)]
-        if kind is bool:
-            parser.add_argument(*flags, action=argparse.BooleanOptionalAction, help=help_text)
-        elif kind == tuple[int, ...]:
-            parser.add_argument(*flags, type=int, nargs="+", metavar="N", help=help_text)
-        elif name in _KWARGS:
-            # Parsed by load_config, so a bad mapping is a ConfigError like one from YAML.
-            parser.add_argument(*flags, type=str, metavar="YAML", help=help_text)
-        elif name in _SWITCHES:
-            # --graph alone means on and --no-graph off (so --action-stream and
-            # --no-action-stream, a bool flag once, keep their meaning).
-            parser.add_argument(*flags, type=str, nargs="?", const="on",
-                                metavar="{" + ",".join(SWITCH_MODES) + "}", help=help_text)
-            parser.add_argument("--no-" + _flag(name)[2:], dest=name, action="store_const",
-                                const="off", help=f"the same as {_flag(name)} off")
-        elif name in _CHOICES:
-            # Choices are validated by Config, so flags and YAML share one error message.
-            metavar = "{" + ",".join(_CHOICES[name]) + "}"
-            parser.add_argument(*flags, type=str, metavar=metavar, help=help_text)
-        else:
-            scalar = kind if kind in (int, float) else str
-            metavar = {int: "INT", float: "FLOAT"}.get(kind, "STR")
-            metavar = {"env_id": "ID", "actor": "SPEC", "critic": "SPEC"}.get(name, metavar)
-            parser.add_argument(*flags, type=scalar, metavar=metavar, help=help_text)
-    return parser
-
-
-@dataclasses.dataclass(frozen=True)
-class ShownDefaults:
-    """What --help gives as the defaults: the values of the YAML file that will apply (named
-    by ``source``) over the built-in ones, and a note on where they come from."""
-
-    values: Mapping[str, Any]
-    source: str | None
-    note: str
-
-
-class _PeekFailed(Exception):
-    pass
-
-
-class _PeekParser(argparse.ArgumentParser):
-    """Raises instead of exiting: a bad command line is the full parser's to report."""
-
-    def error(self, message: str) -> typing.NoReturn:
-        raise _PeekFailed(message)
-
-
-def help_defaults(argv: Sequence[str] | None) -> ShownDefaults | None:
-    """With --help, the defaults that apply for the --env, --algo and --config given beside
-    it (argparse prints the help while parsing, so they are peeked at first); None without
-    --help, so that parsing a command line reads no file."""
-    seen = _peek(argv)
-    if seen is None or not seen.help:
-        return None
-    if seen.resume is not None:
-        return ShownDefaults({}, None, "Built-in defaults shown; with --resume the run's "
-                             "saved config replaces them.")
-    if seen.config is not None:  # it may set env_id and algo itself
-        return _file_defaults(Path(seen.config), seen.config, "", keep_choice=True)
-    env_id, algo = seen.env_id or FIELDS["env_id"].default, seen.algo or FIELDS["algo"].default
-    problem = _value_problem("algo", algo)
-    if problem:
-        return ShownDefaults({}, None, f"Built-in defaults shown: --algo {problem}.")
-    path = default_config_file(env_id, algo)
-    if path is None:
-        return ShownDefaults({}, None, f"Built-in defaults shown: no shipped YAML for --env "
-                             f"{env_id} --algo {algo}.")
-    # The shipped file's env_id and algo are those that picked it: not defaults to show.
-    return _file_defaults(path, f"configs/{path.name}", f" for --env {env_id} --algo {algo}",
-                          keep_choice=False)
-
-
-def _peek(argv: Sequence[str] | None) -> argparse.Namespace | None:
-    """--help, --env, --algo, --config and --resume from argv, the rest ignored; None when
-    the command line is wrong (the full parser then reports it, before any help)."""
-    peek = _PeekParser(add_help=False)
-    peek.add_argument("-h", "--help", action="store_true")
-    for name in ("env_id", "algo", "config", "resume"):
-        peek.add_argument(*([_flag(name), "--env"] if name == "env_id" else [_flag(name)]),
-                          dest=name)
-    try:
-        return peek.parse_known_args(argv)[0]
-    except _PeekFailed:
-        return None
-
-
-def _file_defaults(path: Path | Traversable, source: str, which: str, *, keep_choice: bool
-                   ) -> ShownDefaults:
-    """The file's values as the defaults to show; a file that cannot be read: the built-in
-    ones, and why (the run itself would stop with that line)."""
-    try:
-        values = read_config_file(path)
-    except ConfigError as err:
-        return ShownDefaults({}, None, f"Built-in defaults shown: {err}.")
-    if not keep_choice:
-        values = {k: v for k, v in values.items() if k not in ("env_id", "algo")}
-    return ShownDefaults(values, source, f"Defaults shown{which}: {source} over the built-in "
-                         "values.")
-
-
-def _default_text(name: str, shown: ShownDefaults | None) -> str:
-    """``default: 1000, from configs/sac_pendulum.yaml; without it: 5000`` where the file
-    changes the built-in default, else ``default: 5000`` (argparse breaks lines at hyphens,
-    hence no "built-in" here)."""
-    built_in = _show(field_default(FIELDS[name]))
-    if shown is None or name not in shown.values or _show(shown.values[name]) == built_in:
-        return f"default: {built_in}"
-    return f"default: {_show(shown.values[name])}, from {shown.source}; without it: {built_in}"
-
-
-def _show(default: Any) -> str:
-    if isinstance(default, tuple):
-        return " ".join(map(str, default))
-    if isinstance(default, dict):
-        return json.dumps(default)
-    return str(default)
-
-
-def _parse_kwargs_flag(name: str, text: str) -> dict[str, Any]:
-    """`--actor-kwargs '{"width": 128}'` (JSON, or YAML flow such as '{width: 128}')."""
-    example = "'{\"width\": 128}'"
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(
-            f"{_flag(name)} must be a YAML/JSON mapping such as {example}, got {text!r} ({problem})"
-        ) from None
-    if value is None:  # an empty string: no keyword arguments
-        return {}
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise ConfigError(
-            f"{_flag(name)} must be a YAML/JSON mapping with string keys such as {example}, "
-            f"got {text!r}"
-        )
-    return value
-
-
-def command_line_values(argv: Sequence[str] | None = None) -> dict[str, Any]:
-    """The flags given on the command line (and ``config``), typed; defaults left out."""
-    given = vars(build_parser(help_defaults(argv)).parse_args(argv))
-    if "hidden_sizes" in given:
-        given["hidden_sizes"] = tuple(given["hidden_sizes"])
-    for name in _KWARGS:
-        if name in given:
-            given[name] = _parse_kwargs_flag(name, given[name])
-    return given
-
-
-def load_config(argv: Sequence[str] | None = None, *,
-                base: Mapping[str, Any] | None = None) -> Config:
-    """Parse argv (sys.argv[1:] when None) into a validated Config; user errors: ConfigError.
-
-    ``base`` (a resumed run's own config) replaces the defaults and YAML files; the flags
-    given still override it.
-    """
-    given = command_line_values(argv)
-    config_file = given.pop("config", None)
-    if base is not None:
-        if config_file is not None:
-            raise ConfigError("--config cannot be combined with --resume: a resumed run keeps "
-                              "its own config; override single settings with their flags")
-        saved = saved_config_values(base, resuming=True)
-        return Config(**{**_coerce_mapping(saved, "the resumed run's config"), **given})
-    if config_file is None:
-        # The env's shipped file for the --algo given (a --config file replaces it altogether).
-        env_id = given.get("env_id", FIELDS["env_id"].default)
-        config_file = default_config_file(env_id, given.get("algo", FIELDS["algo"].default))
-    from_file = read_config_file(config_file) if config_file is not None else {}
-    # Flag values are typed by argparse; Config checks their values with --flag naming.
-    return Config(**{**from_file, **given})

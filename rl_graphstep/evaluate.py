@@ -35,9 +35,10 @@ from rl_graphstep.errors import (
     RLGraphstepError,
     display_path,
 )
+from rl_graphstep.netcheck import evaluation_action
 from rl_graphstep.netspec import make_networks, run_relative
 from rl_graphstep.plan import resolve_device
-from rl_graphstep.plugins import NetworkSpec, evaluation_action
+from rl_graphstep.plugins import NetworkSpec
 
 __all__ = ["EvaluationResult", "evaluate", "main"]
 

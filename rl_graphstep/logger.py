@@ -2,70 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
-import os
-import time
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
 from rl_graphstep.metrics import MetricSums
-
-if TYPE_CHECKING:
-    from rl_graphstep.config import Config
-
-
-def run_name(cfg: Config) -> str:
-    """`cfg.run_name`, or CleanRL's `{env_id}__{algo}__{seed}__{unix time}`."""
-    if cfg.run_name:
-        return cfg.run_name
-    # A namespaced id ("ALE/Pong-v5") would otherwise nest the run one folder deeper.
-    env = cfg.env_id.replace("/", "-")
-    return f"{env}__{cfg.algo}__{cfg.seed}__{int(time.time())}"
-
-
-# The longest file name most file systems take (ext4, XFS, APFS, NTFS: 255 bytes).
-_NAME_MAX = 255
-
-
-def check_run_dir(path: Path) -> None:
-    """Raise ``ConfigError`` (one line, nothing made) when the run folder ``path`` cannot be
-    made or written: a file stands where a folder of it must be, the nearest folder that
-    exists is not writable, or a name in it is too long."""
-    from rl_graphstep.errors import ConfigError
-
-    fix = "pick another --log-dir or --run-name"
-    for part in path.parts:
-        if len(os.fsencode(part)) > _NAME_MAX:
-            raise ConfigError(f"cannot make the run folder: the name {part[:40]!r}... is "
-                              f"longer than {_NAME_MAX} bytes; {fix}")
-    existing = path
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ConfigError(f"cannot make the run folder {path}: {existing} is a file, not a "
-                          f"folder; {fix}")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"cannot make the run folder {path}: {existing} is not writable; "
-                          f"{fix}")
-
-
-def claim_run_dir(path: Path) -> Path:
-    """Make ``path`` as a new, empty folder and return it; if it exists, make and return
-    ``path_2`` (``_3``, ...) instead. Made atomically, so two runs named by the same second of
-    the clock get a folder each rather than mixing their logs and checkpoints in one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for number in itertools.count(1):
-        candidate = path if number == 1 else path.with_name(f"{path.name}_{number}")
-        try:
-            candidate.mkdir()
-        except FileExistsError:
-            continue
-        return candidate
-    raise AssertionError("unreachable")  # itertools.count never ends
 
 
 class Logger:

@@ -37,13 +37,8 @@ from torch import nn
 from rl_graphstep.config import Config
 from rl_graphstep.errors import display_path
 from rl_graphstep.memory import allocation_errors, check_networks_fit
-from rl_graphstep.plugins import (
-    NetworkSpec,
-    _is_file_path,
-    build_network,
-    check_actor,
-    check_critic,
-)
+from rl_graphstep.netcheck import check_actor, check_critic
+from rl_graphstep.plugins import NetworkSpec, _is_file_path, build_network
 
 if TYPE_CHECKING:
     from rl_graphstep.algorithms.base import OffPolicyAlgorithm

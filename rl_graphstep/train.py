@@ -30,11 +30,11 @@ import torch
 from rl_graphstep.acting import ActionPipe, policy_pipe
 from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.buffer import ReplayBuffer
-from rl_graphstep.checkpoint import RunLock, list_checkpoints, load_checkpoint, set_aside_later
+from rl_graphstep.checkpoint import list_checkpoints, load_checkpoint, set_aside_later
 from rl_graphstep.cli import end_startup_guard, exit_quietly
 from rl_graphstep.collector import Collector
 from rl_graphstep.compiling import quiet_compiler, updates_ahead
-from rl_graphstep.config import Config, command_line_values, load_config, to_markdown_table
+from rl_graphstep.config import Config, to_markdown_table
 from rl_graphstep.console import LoopClock, ProgressDisplay, done_line
 from rl_graphstep.envs import (
     EpisodeStatistics,
@@ -44,8 +44,9 @@ from rl_graphstep.envs import (
     seed_everything,
 )
 from rl_graphstep.errors import ConfigError, RLGraphstepError
+from rl_graphstep.flags import command_line_values, load_config
 from rl_graphstep.learners import OffPolicyLearner
-from rl_graphstep.logger import Logger, check_run_dir, claim_run_dir
+from rl_graphstep.logger import Logger
 from rl_graphstep.netspec import describe_networks, make_networks, networks_of_run, record_networks
 from rl_graphstep.nonfinite import NonFiniteTally, describe_updates, mostly_skipped
 from rl_graphstep.plan import (
@@ -56,7 +57,14 @@ from rl_graphstep.plan import (
     settle_action_stream,
 )
 from rl_graphstep.plugins import NetworkSpec
-from rl_graphstep.rundir import clean_partial_saves, own_run_dir, run_dir_of
+from rl_graphstep.rundir import (
+    RunLock,
+    check_run_dir,
+    claim_run_dir,
+    clean_partial_saves,
+    own_run_dir,
+    run_dir_of,
+)
 from rl_graphstep.runstate import Progress, restore_run, save_run
 from rl_graphstep.threads import loop_threads
 

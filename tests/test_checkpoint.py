@@ -3,9 +3,7 @@ checkpoint that cannot be loaded."""
 
 from __future__ import annotations
 
-import errno
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +15,15 @@ from rl_graphstep import checkpoint as ckpt
 from rl_graphstep.checkpoint import (
     FORMAT,
     REQUIRED_KEYS,
-    PartialSaves,
-    RunLock,
     checkpoint_path,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
-    remove_partial_saves,
     save_checkpoint,
 )
 from rl_graphstep.config import Config, config_to_dict
-from rl_graphstep.errors import CheckpointError, RLGraphstepError, RunFolderError
+from rl_graphstep.errors import CheckpointError, RLGraphstepError
+from rl_graphstep.rundir import PartialSaves, remove_partial_saves
 
 
 def make_state(step: int, env_id: str = "Pendulum-v1", algo: str = "sac") -> dict[str, Any]:
@@ -256,99 +252,6 @@ def test_a_checkpoint_of_another_env_or_algorithm(in_tmp: Path, asked: dict[str,
         f"not {wanted}")
     assert load_checkpoint(in_tmp, env_id="Pendulum-v1", algo="td3")["global_step"] == 1000
 
-
-
-# ----------------------------------------------------------------------------- run ownership
-
-
-def lock_error(run_dir: Path | str, **kwargs: Any) -> str:
-    """The one line a second RunLock of ``run_dir`` is refused with."""
-    with pytest.raises(RunFolderError) as info, RunLock(run_dir, **kwargs):
-        pass
-    message = str(info.value)
-    assert "\n" not in message and isinstance(info.value, RLGraphstepError)
-    return message
-
-
-def test_a_run_folder_has_one_owner_at_a_time(in_tmp: Path) -> None:
-    with RunLock(in_tmp) as owner:
-        assert owner.path == in_tmp / ".lock"
-        assert owner.path.read_text() == f"{os.getpid()} {socket.gethostname()}\n"
-        assert lock_error(in_tmp) == (f"runs/x is in use by another training (pid "
-                                      f"{os.getpid()}); wait for it to end or pick another "
-                                      "--run-name")
-        assert lock_error(in_tmp, advice="wait for it to end before resuming it").endswith(
-            "; wait for it to end before resuming it")
-        (in_tmp / "events").write_text("logged")
-    assert not (in_tmp / ".lock").exists()
-    with RunLock(in_tmp):  # free again once released
-        pass
-    assert os.listdir(in_tmp) == ["events"]
-
-
-def test_the_owner_on_another_host_is_named(in_tmp: Path) -> None:
-    with RunLock(in_tmp) as owner:
-        owner.path.write_text("4321 gpu-node-7\n")
-        assert "(pid 4321 on gpu-node-7);" in lock_error(in_tmp)
-        owner.path.write_text("")  # the moment between the owner's lock and its write
-        assert lock_error(in_tmp).startswith("runs/x is in use by another training; wait")
-
-
-def test_a_folder_made_for_the_lock_goes_when_nothing_was_written(in_tmp: Path) -> None:
-    with RunLock(in_tmp):
-        assert in_tmp.is_dir()
-    assert not Path("runs").exists()  # runs/ was made for it too
-    Path("runs").mkdir()
-    with RunLock(in_tmp):
-        pass
-    assert Path("runs").is_dir() and not in_tmp.exists()
-
-
-def test_a_folder_that_cannot_be_made_is_one_line(in_tmp: Path) -> None:
-    Path("runs").write_text("a file, not a folder")
-    message = lock_error(in_tmp)
-    assert message.startswith("cannot make the lock file runs/x/.lock (")
-    assert message.endswith("); the run folder must be writable")
-
-
-def test_without_fcntl_runs_are_not_locked(in_tmp: Path, monkeypatch: pytest.MonkeyPatch
-                                           ) -> None:
-    monkeypatch.setattr(ckpt, "fcntl", None)
-    with RunLock(in_tmp), RunLock(in_tmp):
-        pass
-    assert not Path("runs").exists()
-
-
-def test_a_file_system_without_locks_warns_and_goes_on(
-        in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(fd: int, operation: int) -> None:
-        raise OSError(errno.ENOLCK, "No locks available")
-
-    monkeypatch.setattr(ckpt.fcntl, "flock", refuse)
-    with pytest.warns(UserWarning, match="runs/x: the file system refuses locks"), \
-            RunLock(in_tmp):
-        pass
-
-
-def test_a_lock_file_removed_after_it_was_opened_is_not_trusted(
-        in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The owner removes its lock file on release: a process that had opened that file and
-    then gets the lock must take the new one at the path, or two would own the folder."""
-    in_tmp.mkdir(parents=True)
-    flock, calls = ckpt.fcntl.flock, []
-
-    def owner_leaves_first(fd: int, operation: int) -> None:
-        flock(fd, operation)
-        if not calls:  # the first lock taken is on a file the owner then removes
-            os.unlink(in_tmp / ".lock")
-        calls.append(os.fstat(fd).st_ino)
-
-    monkeypatch.setattr(ckpt.fcntl, "flock", owner_leaves_first)
-    with RunLock(in_tmp) as owner:
-        assert len(calls) == 2  # locked, found the file gone, locked the new one
-        assert os.stat(owner.path).st_ino == calls[1]
-        monkeypatch.setattr(ckpt.fcntl, "flock", flock)
-        assert "in use by another training" in lock_error(in_tmp)
 
 
 def test_partial_saves_are_removed_and_counted(tmp_path: Path) -> None:

@@ -14,8 +14,9 @@ import torch
 
 from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.checkpoint import FORMAT, save_checkpoint
-from rl_graphstep.config import config_to_dict, load_config
+from rl_graphstep.config import config_to_dict
 from rl_graphstep.evaluate import EvaluationResult, evaluate, main
+from rl_graphstep.flags import load_config
 from rl_graphstep.netspec import make_networks
 
 STEP = 15000

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +9,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rl_graphstep.config import Config, to_markdown_table
-from rl_graphstep.logger import Logger, claim_run_dir, run_name
+from rl_graphstep.logger import Logger
 from rl_graphstep.metrics import MetricSums
 
 
@@ -93,19 +92,6 @@ def test_event_file_holds_scalars_episodes_and_config(tmp_path: Path) -> None:
     assert text_tag in events.Tags()["tensors"]
     text = events.Tensors(text_tag)[0].tensor_proto.string_val[0].decode()
     assert "| batch_size | 64 |" in text
-
-
-def test_run_name_format() -> None:
-    assert run_name(Config(run_name="mine")) == "mine"
-    name = run_name(Config(env_id="HalfCheetah-v5", seed=7))
-    assert re.fullmatch(r"HalfCheetah-v5__sac__7__\d{10}", name)
-
-
-def test_claim_run_dir_gives_each_claim_a_new_folder(tmp_path: Path) -> None:
-    path = tmp_path / "runs" / "Pendulum-v1__sac__1__1796014201"
-    claimed = [claim_run_dir(path) for _ in range(3)]
-    assert [p.name for p in claimed] == [path.name, f"{path.name}_2", f"{path.name}_3"]
-    assert all(p.is_dir() and not any(p.iterdir()) for p in claimed)
 
 
 def test_exit_closes_on_exception(tmp_path: Path) -> None:

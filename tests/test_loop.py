@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rl_graphstep.checkpoint import load_checkpoint
-from rl_graphstep.config import load_config
+from rl_graphstep.flags import load_config
 from rl_graphstep.train import main, train
 
 SHORT = ["--env", "Pendulum-v1", "--total-timesteps", "300", "--learning-starts", "100",

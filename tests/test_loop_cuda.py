@@ -15,8 +15,8 @@ from rl_graphstep import acting
 from rl_graphstep.acting import ActionPipe
 from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.checkpoint import load_checkpoint
-from rl_graphstep.config import load_config
 from rl_graphstep.errors import CaptureError, ConfigError
+from rl_graphstep.flags import load_config
 from rl_graphstep.networks import DeterministicActor
 from rl_graphstep.train import main, train
 

@@ -17,13 +17,14 @@ import torch
 from torch import Tensor, nn
 
 from rl_graphstep.checkpoint import load_checkpoint
-from rl_graphstep.config import load_config
 from rl_graphstep.errors import ConfigError
 from rl_graphstep.evaluate import evaluate
 from rl_graphstep.evaluate import main as evaluate_main
+from rl_graphstep.flags import load_config
+from rl_graphstep.netcheck import check_actor
 from rl_graphstep.netspec import class_spec
 from rl_graphstep.networks import DeterministicActor, EnsembleCritic, SquashedGaussianActor
-from rl_graphstep.plugins import check_actor, load_class
+from rl_graphstep.plugins import load_class
 from rl_graphstep.train import main, train
 
 ROOT = Path(__file__).resolve().parents[1]

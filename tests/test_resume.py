@@ -19,12 +19,13 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from rl_graphstep.checkpoint import (
     FORMAT,
-    RunLock,
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
 )
-from rl_graphstep.config import config_to_dict, load_config
+from rl_graphstep.config import config_to_dict
+from rl_graphstep.flags import load_config
+from rl_graphstep.rundir import RunLock
 from rl_graphstep.train import main, train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -239,7 +240,7 @@ def test_the_lock_of_a_killed_training_is_free(tmp_path: Path,
     run_dir = tmp_path / "run"
     holder = subprocess.Popen(
         [sys.executable, "-c", "import multiprocessing, sys, time\n"
-         "from rl_graphstep.checkpoint import RunLock\n"
+         "from rl_graphstep.rundir import RunLock\n"
          "RunLock(sys.argv[1]).__enter__()\n"
          "worker = multiprocessing.get_context('fork').Process(target=time.sleep, args=(120,))\n"
          "worker.start()\n"

@@ -19,7 +19,7 @@ from rl_graphstep import train as train_module
 from rl_graphstep.acting import ActionPipe
 from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.checkpoint import load_checkpoint
-from rl_graphstep.config import load_config
+from rl_graphstep.flags import load_config
 from rl_graphstep.learners import OffPolicyLearner
 from rl_graphstep.train import main, train
 
@@ -351,8 +351,8 @@ def test_a_run_named_by_the_clock_is_owned_while_it_trains(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its folder is claimed atomically, and then locked like any other: a --resume of it
     during the run is refused."""
-    from rl_graphstep.checkpoint import RunLock
     from rl_graphstep.errors import RunFolderError
+    from rl_graphstep.rundir import RunLock
 
     refused: list[str] = []
     log = train_module._log

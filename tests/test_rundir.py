@@ -1,0 +1,130 @@
+"""The run folder: its name, claiming a new one, and its ownership by one training at a time."""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rl_graphstep import rundir
+from rl_graphstep.config import Config
+from rl_graphstep.errors import RLGraphstepError, RunFolderError
+from rl_graphstep.rundir import RunLock, claim_run_dir, run_name
+
+
+@pytest.fixture
+def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Work in tmp_path, so messages show short relative paths such as runs/x."""
+    monkeypatch.chdir(tmp_path)
+    return Path("runs/x")
+
+
+def test_run_name_format() -> None:
+    assert run_name(Config(run_name="mine")) == "mine"
+    name = run_name(Config(env_id="HalfCheetah-v5", seed=7))
+    assert re.fullmatch(r"HalfCheetah-v5__sac__7__\d{10}", name)
+
+
+def test_claim_run_dir_gives_each_claim_a_new_folder(tmp_path: Path) -> None:
+    path = tmp_path / "runs" / "Pendulum-v1__sac__1__1796014201"
+    claimed = [claim_run_dir(path) for _ in range(3)]
+    assert [p.name for p in claimed] == [path.name, f"{path.name}_2", f"{path.name}_3"]
+    assert all(p.is_dir() and not any(p.iterdir()) for p in claimed)
+
+
+# ----------------------------------------------------------------------------- run ownership
+
+
+def lock_error(run_dir: Path | str, **kwargs: Any) -> str:
+    """The one line a second RunLock of ``run_dir`` is refused with."""
+    with pytest.raises(RunFolderError) as info, RunLock(run_dir, **kwargs):
+        pass
+    message = str(info.value)
+    assert "\n" not in message and isinstance(info.value, RLGraphstepError)
+    return message
+
+
+def test_a_run_folder_has_one_owner_at_a_time(in_tmp: Path) -> None:
+    with RunLock(in_tmp) as owner:
+        assert owner.path == in_tmp / ".lock"
+        assert owner.path.read_text() == f"{os.getpid()} {socket.gethostname()}\n"
+        assert lock_error(in_tmp) == (f"runs/x is in use by another training (pid "
+                                      f"{os.getpid()}); wait for it to end or pick another "
+                                      "--run-name")
+        assert lock_error(in_tmp, advice="wait for it to end before resuming it").endswith(
+            "; wait for it to end before resuming it")
+        (in_tmp / "events").write_text("logged")
+    assert not (in_tmp / ".lock").exists()
+    with RunLock(in_tmp):  # free again once released
+        pass
+    assert os.listdir(in_tmp) == ["events"]
+
+
+def test_the_owner_on_another_host_is_named(in_tmp: Path) -> None:
+    with RunLock(in_tmp) as owner:
+        owner.path.write_text("4321 gpu-node-7\n")
+        assert "(pid 4321 on gpu-node-7);" in lock_error(in_tmp)
+        owner.path.write_text("")  # the moment between the owner's lock and its write
+        assert lock_error(in_tmp).startswith("runs/x is in use by another training; wait")
+
+
+def test_a_folder_made_for_the_lock_goes_when_nothing_was_written(in_tmp: Path) -> None:
+    with RunLock(in_tmp):
+        assert in_tmp.is_dir()
+    assert not Path("runs").exists()  # runs/ was made for it too
+    Path("runs").mkdir()
+    with RunLock(in_tmp):
+        pass
+    assert Path("runs").is_dir() and not in_tmp.exists()
+
+
+def test_a_folder_that_cannot_be_made_is_one_line(in_tmp: Path) -> None:
+    Path("runs").write_text("a file, not a folder")
+    message = lock_error(in_tmp)
+    assert message.startswith("cannot make the lock file runs/x/.lock (")
+    assert message.endswith("); the run folder must be writable")
+
+
+def test_without_fcntl_runs_are_not_locked(in_tmp: Path, monkeypatch: pytest.MonkeyPatch
+                                           ) -> None:
+    monkeypatch.setattr(rundir, "fcntl", None)
+    with RunLock(in_tmp), RunLock(in_tmp):
+        pass
+    assert not Path("runs").exists()
+
+
+def test_a_file_system_without_locks_warns_and_goes_on(
+        in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(rundir.fcntl, "flock", refuse)
+    with pytest.warns(UserWarning, match="runs/x: the file system refuses locks"), \
+            RunLock(in_tmp):
+        pass
+
+
+def test_a_lock_file_removed_after_it_was_opened_is_not_trusted(
+        in_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The owner removes its lock file on release: a process that had opened that file and
+    then gets the lock must take the new one at the path, or two would own the folder."""
+    in_tmp.mkdir(parents=True)
+    flock, calls = rundir.fcntl.flock, []
+
+    def owner_leaves_first(fd: int, operation: int) -> None:
+        flock(fd, operation)
+        if not calls:  # the first lock taken is on a file the owner then removes
+            os.unlink(in_tmp / ".lock")
+        calls.append(os.fstat(fd).st_ino)
+
+    monkeypatch.setattr(rundir.fcntl, "flock", owner_leaves_first)
+    with RunLock(in_tmp) as owner:
+        assert len(calls) == 2  # locked, found the file gone, locked the new one
+        assert os.stat(owner.path).st_ino == calls[1]
+        monkeypatch.setattr(rundir.fcntl, "flock", flock)
+        assert "in use by another training" in lock_error(in_tmp)
