@@ -240,9 +240,9 @@ def test_runs_named_in_the_same_second_get_a_folder_each(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two runs started in one second of the clock (the default name's resolution) keep
     their own logs and checkpoints."""
-    from rl_graphstep import logger
+    from rl_graphstep import rundir
 
-    monkeypatch.setattr(logger.time, "time", lambda: 1796014201.5)
+    monkeypatch.setattr(rundir.time, "time", lambda: 1796014201.5)
     args = ["--env", "Pendulum-v1", "--log-dir", str(tmp_path), *SHORT]
     first = train(load_config([*args, "--seed", "1"]))
     second = train(load_config([*args, "--seed", "1", "--total-timesteps", "300"]))
