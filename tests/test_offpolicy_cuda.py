@@ -183,7 +183,9 @@ def test_resumed_state_reaches_the_captured_graphs(algo: str) -> None:
     state = copy.deepcopy(trained.state_dict())  # as a checkpoint file holds it
     resumed = {}
     for graphs in (True, False):
-        made, sums = learner(buffer, graphs, algo=algo, state=state)
+        # A copy each, as two checkpoint loads give: Adam's load_state_dict keeps tensors
+        # already on the device, so one shared state would carry the first run's updates.
+        made, sums = learner(buffer, graphs, algo=algo, state=copy.deepcopy(state))
         assert made.updates == 50
         torch.manual_seed(3)
         resumed[graphs] = (made, critic_losses(made, sums, 50))
