@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -28,6 +28,9 @@ from rl_graphstep.capture import (
 from rl_graphstep.errors import CaptureError, CompileError
 from rl_graphstep.guards import NonFiniteGuard
 from rl_graphstep.update_body import UpdateBody
+
+if TYPE_CHECKING:
+    from typing import Self
 
 TensorLoss = Callable[[Any, Tensor], Tensor]
 """``loss_function(prediction, targets)``: a scalar, differentiable tensor."""
@@ -113,42 +116,27 @@ def _check_on_cuda(module: nn.Module, optimizer: torch.optim.Optimizer,
 
 
 # --------------------------------------------------------------------------------------------
-# The eager twin
+# What both steps share
 # --------------------------------------------------------------------------------------------
 
 
-class EagerAdaptationStep:
-    """The eager twin of :class:`CudaGraphAdaptationStep`: same interface, any device.
+class CaptureSettings(NamedTuple):
+    """The keyword-only settings of ``capture``, as one value for each class's ``_capture``."""
 
-    ``capture`` validates the pieces (one forward under a forked RNG, so it consumes neither an
-    update nor random numbers) and keeps static input/target buffers; ``__call__`` checks,
-    copies into them and runs one update. Built directly, the step holds what it runs in place
-    of a graph: the loss function, and as keyword-only extras those of ``capture``.
-    """
+    warmup_steps: int
+    gradient_transform: GradientTransform | None
+    pool: Any
+    skip_nonfinite: bool
+    compile: bool
 
-    graph: None = None
 
-    def __init__(
-        self,
-        module: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        static_inputs: Tensor,
-        static_targets: Tensor,
-        loss_function: TensorLoss,
-        *,
-        gradient_transform: GradientTransform | None = None,
-        skip_nonfinite: bool = False,
-        compile: bool = False,
-    ) -> None:
-        self.module = module
-        self.optimizer = optimizer
-        self.static_inputs = static_inputs
-        self.static_targets = static_targets
-        self.static_loss = torch.zeros((), device=static_inputs.device)
-        self.guard = (NonFiniteGuard(optimizer, static_inputs.device) if skip_nonfinite
-                      else None)
-        self._body = UpdateBody(module, optimizer, loss_function, gradient_transform,
-                                self.guard, compile=compile)
+class _AdaptationStep:
+    """The interface both steps share: ``capture(...)`` builds a step from an example batch,
+    ``__call__(...)`` checks new inputs and targets, copies them into the static buffers and
+    runs the update."""
+
+    static_inputs: Tensor
+    static_targets: Tensor
 
     @classmethod
     def capture(
@@ -164,27 +152,86 @@ class EagerAdaptationStep:
         pool: Any = None,
         skip_nonfinite: bool = False,
         compile: bool = False,
-    ) -> EagerAdaptationStep:
-        """Validate and wrap an update; ``warmup_steps`` and ``pool`` only matter to graphs.
-        ``compile``: ``torch.compile`` the update's parts (from its second call on)."""
-        del pool
+    ) -> Self:
+        """Build the step (each class's ``_capture`` says how).
+
+        ``warmup_steps`` real updates precede a captured one (graphs only); ``pool``: another
+        step's ``pool``, to share graph memory with it (replay them in capture order);
+        ``skip_nonfinite``: skip, on the device, updates whose loss or gradients are not
+        finite (see :class:`~rl_graphstep.guards.NonFiniteGuard`; counts in ``self.guard``);
+        ``compile``: ``torch.compile`` the update's parts, fusing small kernels.
+        """
         _check_capture_arguments(optimizer, warmup_steps)
+        settings = CaptureSettings(warmup_steps, gradient_transform, pool, skip_nonfinite,
+                                   compile)
+        return cls._capture(module, optimizer, example_inputs, example_targets, loss_function,
+                            settings)
+
+    @classmethod
+    def _capture(cls, module: nn.Module, optimizer: torch.optim.Optimizer,
+                 example_inputs: Tensor, example_targets: Tensor, loss_function: TensorLoss,
+                 settings: CaptureSettings) -> Self:
+        raise NotImplementedError
+
+    def __call__(self, inputs: Tensor, targets: Tensor, *, synchronize: bool = False) -> Tensor:
+        """Copy ``inputs``/``targets`` into the static buffers, run the update, and return
+        its loss, detached (later updates do not change it)."""
+        _check_tensor("inputs", inputs, self.static_inputs)
+        _check_tensor("targets", targets, self.static_targets)
+        self.check_layout()
+        self.static_inputs.copy_(inputs)
+        self.static_targets.copy_(targets)
+        return self.replay(synchronize=synchronize)
+
+    def check_layout(self) -> None:
+        """Raise if the step's tensors moved since it was built (graphs only)."""
+
+    def replay(self, *, synchronize: bool = False) -> Tensor:
+        raise NotImplementedError
+
+
+# --------------------------------------------------------------------------------------------
+# The eager twin
+# --------------------------------------------------------------------------------------------
+
+
+class EagerAdaptationStep(_AdaptationStep):
+    """The eager twin of :class:`CudaGraphAdaptationStep`: same interface, any device.
+
+    ``capture`` validates the pieces (one forward under a forked RNG, so it consumes neither an
+    update nor random numbers) and keeps static input/target buffers; ``__call__`` checks,
+    copies into them and runs one update. Built directly, the step holds what it runs in place
+    of a graph: the loss function, and as keyword-only extras those of ``capture``.
+    """
+
+    graph: None = None
+
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer,
+                 static_inputs: Tensor, static_targets: Tensor, loss_function: TensorLoss, *,
+                 gradient_transform: GradientTransform | None = None,
+                 skip_nonfinite: bool = False, compile: bool = False) -> None:
+        self.module, self.optimizer = module, optimizer
+        self.static_inputs, self.static_targets = static_inputs, static_targets
+        self.static_loss = torch.zeros((), device=static_inputs.device)
+        self.guard = (NonFiniteGuard(optimizer, static_inputs.device) if skip_nonfinite
+                      else None)
+        self._body = UpdateBody(module, optimizer, loss_function, gradient_transform,
+                                self.guard, compile=compile)
+
+    @classmethod
+    def _capture(cls, module: nn.Module, optimizer: torch.optim.Optimizer,
+                 example_inputs: Tensor, example_targets: Tensor, loss_function: TensorLoss,
+                 settings: CaptureSettings) -> EagerAdaptationStep:
+        """Validate and wrap an update; ``warmup_steps`` and ``pool`` only matter to graphs,
+        a compiled eager step compiles from its second call on."""
         _check_is_tensor(example_inputs=example_inputs, example_targets=example_targets)
         step = cls(module, optimizer, example_inputs.clone(), example_targets.clone(),
-                   loss_function, gradient_transform=gradient_transform,
-                   skip_nonfinite=skip_nonfinite, compile=compile)
+                   loss_function, gradient_transform=settings.gradient_transform,
+                   skip_nonfinite=settings.skip_nonfinite, compile=settings.compile)
         devices = [example_inputs.device] if example_inputs.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), torch.enable_grad():
             step._body.forward_loss(example_inputs, example_targets)
         return step
-
-    def __call__(self, inputs: Tensor, targets: Tensor, *, synchronize: bool = False) -> Tensor:
-        """Run one update on ``inputs``/``targets``; return the loss (detached)."""
-        _check_tensor("inputs", inputs, self.static_inputs)
-        _check_tensor("targets", targets, self.static_targets)
-        self.static_inputs.copy_(inputs)
-        self.static_targets.copy_(targets)
-        return self.replay(synchronize=synchronize)
 
     def replay(self, *, synchronize: bool = False) -> Tensor:
         """Run one update on whatever the static buffers hold (no checks, no copies)."""
@@ -204,7 +251,7 @@ class EagerAdaptationStep:
 # --------------------------------------------------------------------------------------------
 
 
-class CudaGraphAdaptationStep:
+class CudaGraphAdaptationStep(_AdaptationStep):
     """A captured forward + loss + backward + gradient transform + optimizer update.
 
     Build it with :meth:`capture`; each call copies new inputs/targets into the static buffers
@@ -251,35 +298,18 @@ class CudaGraphAdaptationStep:
         self._layout = Layout(module, optimizer)
 
     @classmethod
-    def capture(
-        cls,
-        module: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        example_inputs: Tensor,
-        example_targets: Tensor,
-        loss_function: TensorLoss,
-        *,
-        warmup_steps: int = 3,
-        gradient_transform: GradientTransform | None = None,
-        pool: Any = None,
-        skip_nonfinite: bool = False,
-        compile: bool = False,
-    ) -> CudaGraphAdaptationStep:
+    def _capture(cls, module: nn.Module, optimizer: torch.optim.Optimizer,
+                 example_inputs: Tensor, example_targets: Tensor, loss_function: TensorLoss,
+                 settings: CaptureSettings) -> CudaGraphAdaptationStep:
         """Warm up, capture one update, and restore the pre-capture values in place.
 
         ``warmup_steps`` real updates run on a side stream (they create the optimizer state
-        and let the allocator settle); then one update is captured. Afterwards every module
-        parameter and buffer, every optimizer parameter and state tensor, and the RNG state
-        are back to their values before this call: capturing consumes no update.
-
-        ``pool``: another step's ``pool``, to share memory with it (replay them in capture
-        order). ``skip_nonfinite``: skip, on the device, updates whose loss or gradients are
-        not finite (see :class:`~rl_graphstep.guards.NonFiniteGuard`; counts in
-        ``self.guard``). ``compile``: ``torch.compile`` the update's parts before capturing
-        them, fusing small kernels; the compilation happens during the warm-up (at least two
-        steps then).
+        and let the allocator settle; compiling happens there, with at least two of them);
+        then one update is captured. Afterwards every module parameter and buffer, every
+        optimizer parameter and state tensor, and the RNG state are back to their values
+        before this call: capturing consumes no update.
         """
-        _check_capture_arguments(optimizer, warmup_steps)
+        warmup_steps, gradient_transform, pool, skip_nonfinite, compile = settings
         device = _check_on_cuda(module, optimizer, example_inputs, example_targets)
         _check_capturable(optimizer)
 
@@ -326,16 +356,6 @@ class CudaGraphAdaptationStep:
         return cls(module, optimizer, static_inputs, static_targets, graph, static_loss,
                    body=body)
 
-    def __call__(self, inputs: Tensor, targets: Tensor, *, synchronize: bool = False) -> Tensor:
-        """Copy ``inputs``/``targets`` into the static buffers, replay the update, and return
-        a detached clone of the loss (later replays do not change it)."""
-        _check_tensor("inputs", inputs, self.static_inputs)
-        _check_tensor("targets", targets, self.static_targets)
-        self.check_layout()
-        self.static_inputs.copy_(inputs)
-        self.static_targets.copy_(targets)
-        return self.replay(synchronize=synchronize)
-
     def check_layout(self) -> None:
         """Raise if a parameter, buffer or optimizer state was re-allocated since capture
         (the graph would then update memory nobody reads); ``__call__`` runs it each time."""
@@ -373,23 +393,14 @@ class CudaGraphAdaptationStep:
 AdaptationStep = CudaGraphAdaptationStep | EagerAdaptationStep
 
 
-def make_adaptation_step(
-    module: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    example_inputs: Tensor,
-    example_targets: Tensor,
-    loss_function: TensorLoss,
-    *,
-    use_graph: bool | None = None,
-    warmup_steps: int = 3,
-    gradient_transform: GradientTransform | None = None,
-    pool: Any = None,
-    skip_nonfinite: bool = False,
-    compile: bool = False,
-) -> AdaptationStep:
+def make_adaptation_step(module: nn.Module, optimizer: torch.optim.Optimizer,
+                         example_inputs: Tensor, example_targets: Tensor,
+                         loss_function: TensorLoss, *, use_graph: bool | None = None,
+                         **settings: Any) -> AdaptationStep:
     """Capture the update as a CUDA graph on CUDA, else wrap it in the eager twin.
 
     ``use_graph=None`` decides by the inputs' device; ``True`` on a non-CUDA device is an error.
+    ``settings``: the keyword arguments of ``capture``.
     """
     on_cuda = isinstance(example_inputs, Tensor) and example_inputs.device.type == "cuda"
     if use_graph is None:
@@ -400,8 +411,5 @@ def make_adaptation_step(
             "pass use_graph=False (--graph off) or move the step to the GPU"
         )
     kind = CudaGraphAdaptationStep if use_graph else EagerAdaptationStep
-    return kind.capture(
-        module, optimizer, example_inputs, example_targets, loss_function,
-        warmup_steps=warmup_steps, gradient_transform=gradient_transform, pool=pool,
-        skip_nonfinite=skip_nonfinite, compile=compile,
-    )
+    return kind.capture(module, optimizer, example_inputs, example_targets, loss_function,
+                        **settings)

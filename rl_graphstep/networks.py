@@ -105,8 +105,8 @@ def _flat_size(space: gym.spaces.Box, what: str) -> int:
     return int(space.shape[0])
 
 
-class SquashedGaussianActor(nn.Module):
-    """SAC's actor: a ReLU MLP giving a Gaussian's mean and log-std, squashed by tanh.
+class _DefaultActor(nn.Module):
+    """What the default actors share: their arguments and sizes.
 
     Args:
         observation_space: flat Box of the observations.
@@ -115,15 +115,19 @@ class SquashedGaussianActor(nn.Module):
         hidden_sizes: widths of the hidden layers.
     """
 
-    def __init__(
-        self,
-        observation_space: gym.spaces.Box,
-        action_space: gym.spaces.Box,
-        hidden_sizes: Sequence[int] = (256, 256),
-    ) -> None:
+    def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Box) -> None:
         super().__init__()
         self.observation_size = _flat_size(observation_space, "observation")
         self.action_size = _flat_size(action_space, "action")
+
+
+class SquashedGaussianActor(_DefaultActor):
+    """SAC's actor: a ReLU MLP giving a Gaussian's mean and log-std, squashed by tanh
+    (arguments as :class:`_DefaultActor`)."""
+
+    def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Box,
+                 hidden_sizes: Sequence[int] = (256, 256)) -> None:
+        super().__init__(observation_space, action_space)
         sizes = [self.observation_size, *hidden_sizes]
         self.trunk = nn.Sequential(*mlp(sizes), nn.ReLU()) if hidden_sizes else nn.Identity()
         self.mean = nn.Linear(sizes[-1], self.action_size)
@@ -257,25 +261,13 @@ class StateActionInput(nn.Module):
         return self.critic(inputs[:, : self.observation_size], inputs[:, self.observation_size :])
 
 
-class DeterministicActor(nn.Module):
-    """TD3's and DDPG's actor: a ReLU MLP whose output is squashed into [-1, 1] by tanh.
+class DeterministicActor(_DefaultActor):
+    """TD3's and DDPG's actor: a ReLU MLP whose output is squashed into [-1, 1] by tanh
+    (arguments as :class:`_DefaultActor`)."""
 
-    Args:
-        observation_space: flat Box of the observations.
-        action_space: flat Box of the actions; only its size is used, since actions come out
-            in [-1, 1] and are scaled onto the bounds outside the network.
-        hidden_sizes: widths of the hidden layers.
-    """
-
-    def __init__(
-        self,
-        observation_space: gym.spaces.Box,
-        action_space: gym.spaces.Box,
-        hidden_sizes: Sequence[int] = (256, 256),
-    ) -> None:
-        super().__init__()
-        self.observation_size = _flat_size(observation_space, "observation")
-        self.action_size = _flat_size(action_space, "action")
+    def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Box,
+                 hidden_sizes: Sequence[int] = (256, 256)) -> None:
+        super().__init__(observation_space, action_space)
         self.net = mlp([self.observation_size, *hidden_sizes, self.action_size])
 
     def forward(self, observations: Tensor) -> Tensor:

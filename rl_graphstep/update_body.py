@@ -60,11 +60,8 @@ class UpdateBody:
         *,
         compile: bool = False,
     ) -> None:
-        self.module = module
-        self.optimizer = optimizer
-        self.loss_function = loss_function
-        self.gradient_transform = gradient_transform
-        self.guard = guard
+        self.module, self.optimizer, self.guard = module, optimizer, guard
+        self.loss_function, self.gradient_transform = loss_function, gradient_transform
         self.parameters = selected_parameters(optimizer)
         self._parts = CompiledParts({_FORWARD_LOSS: self._forward_loss, _APPLY: self._apply},
                                     compile=compile, owner=module._get_name())
