@@ -33,7 +33,6 @@ __all__ = [
     "scale_action",
     "seed_everything",
     "true_next_observations",
-    "unscale_action",
 ]
 
 
@@ -329,8 +328,3 @@ def scale_action(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.nd
     scaled = low + (np.asarray(action) + 1.0) * 0.5 * (high - low)
     # Rounding at ±1 may land a hair outside the bounds, which some envs reject.
     return np.clip(scaled, low, high)
-
-
-def unscale_action(action: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
-    """Map an env action in [low, high] back into the policy's [-1, 1] (the inverse of scale)."""
-    return 2.0 * (np.asarray(action) - low) / (high - low) - 1.0
