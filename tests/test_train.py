@@ -370,3 +370,25 @@ def test_a_run_named_by_the_clock_is_owned_while_it_trains(
     assert refused == [f"{run_dir} is in use by another training (pid {os.getpid()}); wait for "
                        "it to end or pick another --run-name"] * 4  # steps 100 to 400
     assert not (run_dir / ".lock").exists()
+
+
+# The loop end to end: several updates per iteration, the summary, envs in subprocesses.
+
+LOOP = ["--env", "Pendulum-v1", "--total-timesteps", "300", "--learning-starts", "100",
+         "--batch-size", "32", "--hidden-sizes", "16", "--no-progress", "--device", "cpu"]
+
+
+def test_updates_per_step_and_the_loop_summary(tmp_path: Path) -> None:
+    summary = train(load_config([*LOOP, "--updates-per-step", "3", "--total-timesteps", "150",
+                                 "--log-dir", str(tmp_path)]))
+    agent = load_checkpoint(next(tmp_path.iterdir()))["agent"]
+    assert agent["updates"] == 3 * 50  # 50 learning iterations, 3 updates each
+    assert summary["learning_sps"] > 0 and summary["host_us_per_iteration"] > 0
+    assert summary["compile"] is False and summary["graph"] is False
+
+
+def test_async_envs_train(tmp_path: Path) -> None:
+    assert main([*LOOP, "--num-envs", "2", "--vec-env", "async", "--log-dir", str(tmp_path)]) == 0
+    state = load_checkpoint(next(tmp_path.iterdir()))
+    assert state["config"]["vec_env"] == "async" and state["global_step"] == 300
+    assert state["envs"] is None  # AsyncVectorEnv's subprocesses do not pickle; sync ones do
