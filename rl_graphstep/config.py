@@ -57,7 +57,8 @@ class Config:
     )
     log_dir: str = option("runs", "folder that holds the tensorboard run folders")
     compile: str = option(
-        "auto", "torch.compile the update steps before capture: auto (on with cuda), on or off"
+        "auto", "torch.compile the update steps before capture: auto (on with CUDA graphs "
+        "when the run's updates would save more time than compiling takes), on or off"
     )
     num_envs: int = option(1, "parallel environments of the vector env")
     vec_env: str = option(

@@ -95,8 +95,8 @@ def first_reset(envs: VectorEnv, seed: int) -> np.ndarray:
 class OneEnvVector(SyncVectorEnv):
     """A SAME_STEP ``SyncVectorEnv`` of one env whose ``step`` skips the batching made for
     many (iterating the batched actions, concatenating into a buffer, deep-copying it): the
-    same results, about 15% less time than its 40 µs per HalfCheetah-v5 step on a CPU.
-    Everything else (reset, spaces, close, pickling) is ``SyncVectorEnv``'s."""
+    same results in less time (benchmarks/README.md has the figures). Everything else
+    (reset, spaces, close, pickling) is ``SyncVectorEnv``'s."""
 
     def step(self, actions: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
         if (self.autoreset_mode != AutoresetMode.SAME_STEP or self.num_envs != 1

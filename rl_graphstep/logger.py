@@ -19,7 +19,7 @@ class Logger:
         config_table: markdown written once as text under the tag `hyperparameters`.
         purge_step: on resume, events at or after this step from a crashed run are hidden.
 
-    `accumulate` (or an agent's update graphs, through `sums`) never syncs with the device;
+    `accumulate` (or the learner's update graphs, through `sums`) never syncs with the device;
     `write` syncs once and logs the interval means.
     Sums not yet written when the logger closes are dropped (they have no step to log at).
     """
@@ -33,8 +33,8 @@ class Logger:
     ) -> None:
         self.run_dir = Path(run_dir)
         self._writer = SummaryWriter(str(self.run_dir), purge_step=purge_step)
-        # The running sums `accumulate` adds into; the training loop binds them to the agent,
-        # whose update graphs then add into them on the device.
+        # The running sums `accumulate` adds into; the training loop binds them to the
+        # learner, whose update graphs then add into them on the device.
         self.sums = MetricSums()
         self._closed = False
         if config_table is not None:

@@ -1,10 +1,11 @@
 """The fused update: one CUDA graph per phase of the update schedule, recorded from the two
 adaptation steps' bodies, so that an update is one launch.
 
-The separate step graphs (``CudaGraphAdaptationStep``) replay the same kernels one graph at a
-time: a replay sample, the critic step, the target update and the actor steps are four to six
-launches, each with its own random-number offset update. The fused graph records the same
-kernels in the same order, and also adds the update's metrics into the log's sums.
+This is what the learner replays. The separate step graphs (``CudaGraphAdaptationStep``)
+run the same kernels one graph at a time: a replay sample, the critic step, the target update
+and the actor steps are four to six launches, each with its own random-number offset update,
+so they are kept as the fallback. The fused graph records the same kernels in the same order,
+and also adds the update's metrics into the log's sums.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The off-policy learner: runs an algorithm's updates from a replay buffer on the device.
 
 It owns the two ``CudaGraphAdaptationStep``s (critic and actor) with their optimizers and
-gradient-norm clips, the replay sampling, the fused update that replays them as one graph, the
-non-finite skip counters and its checkpoint state. The algorithm owns the losses and the
+gradient-norm clips, the replay sampling, the fused update, the non-finite skip counters and
+its checkpoint state. With CUDA graphs what runs each update is the fused graph of its phase,
+recorded from the two steps' bodies (one launch); the steps' own graphs replay, one after the
+other, only where no fused graph could be built. The algorithm owns the losses and the
 schedule (``rl_graphstep.algorithms``).
 """
 
