@@ -456,3 +456,13 @@ def _cell(value: Any) -> str:
     # Mappings as JSON, the form --actor-kwargs takes; a bare "|" would end the cell early.
     text = json.dumps(value, default=str) if isinstance(value, dict) else str(value)
     return text.replace("|", "\\|")
+
+
+def __getattr__(name: str) -> object:
+    # Documented as importable from here before the command line moved to rl_graphstep.flags
+    # (which imports this module, so it cannot be imported at the top).
+    if name in ("load_config", "command_line_values"):
+        from rl_graphstep import flags
+
+        return getattr(flags, name)
+    raise AttributeError(f"module 'rl_graphstep.config' has no attribute {name!r}")

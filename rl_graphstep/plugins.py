@@ -228,3 +228,13 @@ def build_network(
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def __getattr__(name: str) -> object:
+    # Documented as importable from here before the checks moved to rl_graphstep.netcheck;
+    # imported when asked for, so that loading a plugin does not load the checks.
+    if name in ("check_actor", "check_critic"):
+        from rl_graphstep import netcheck
+
+        return getattr(netcheck, name)
+    raise AttributeError(f"module 'rl_graphstep.plugins' has no attribute {name!r}")

@@ -229,3 +229,13 @@ def test_config_takes_the_algorithm_names_without_importing_an_algorithm() -> No
 def test_new_flags_are_checked(argv: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(argv)
+
+
+def test_the_command_line_readers_stay_importable_from_config() -> None:
+    """Documented there before they moved to rl_graphstep.flags."""
+    from rl_graphstep import config, flags
+
+    assert config.load_config is flags.load_config
+    assert config.command_line_values is flags.command_line_values
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        config.nope  # noqa: B018

@@ -170,3 +170,11 @@ def test_a_module_spec_is_found_from_the_current_folder_without_it_on_the_path(
     cls = load_class("examples.residual_actor:ResidualActor")
     assert cls.__name__ == "ResidualActor"
     assert sys.path[-1] == str(ROOT)
+
+
+def test_the_network_checks_stay_importable_from_plugins() -> None:
+    """Documented there before they moved to rl_graphstep.netcheck."""
+    from rl_graphstep import netcheck, plugins
+
+    assert plugins.check_actor is netcheck.check_actor
+    assert plugins.check_critic is netcheck.check_critic
