@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 import math
 import typing
 import warnings
@@ -444,18 +443,6 @@ def plain_value(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [plain_value(v) for v in value]
     return value
-
-
-def to_markdown_table(cfg: Config) -> str:
-    """A `| key | value |` table of every field, for tensorboard's text panel."""
-    rows = [f"| {k} | {_cell(v)} |" for k, v in config_to_dict(cfg).items()]
-    return "\n".join(["| key | value |", "|---|---|", *rows])
-
-
-def _cell(value: Any) -> str:
-    # Mappings as JSON, the form --actor-kwargs takes; a bare "|" would end the cell early.
-    text = json.dumps(value, default=str) if isinstance(value, dict) else str(value)
-    return text.replace("|", "\\|")
 
 
 def __getattr__(name: str) -> object:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
+from rl_graphstep.config import Config, config_to_dict
 from rl_graphstep.metrics import MetricSums
 
 
@@ -93,3 +96,15 @@ class Logger:
             self.flush()
         finally:
             self.close()
+
+
+def to_markdown_table(cfg: Config) -> str:
+    """A `| key | value |` table of every field, for tensorboard's text panel."""
+    rows = [f"| {k} | {_cell(v)} |" for k, v in config_to_dict(cfg).items()]
+    return "\n".join(["| key | value |", "|---|---|", *rows])
+
+
+def _cell(value: Any) -> str:
+    # Mappings as JSON, the form --actor-kwargs takes; a bare "|" would end the cell early.
+    text = json.dumps(value, default=str) if isinstance(value, dict) else str(value)
+    return text.replace("|", "\\|")

@@ -34,7 +34,7 @@ from rl_graphstep.checkpoint import list_checkpoints, load_checkpoint, set_aside
 from rl_graphstep.cli import end_startup_guard, exit_quietly
 from rl_graphstep.collector import Collector
 from rl_graphstep.compiling import quiet_compiler, updates_ahead
-from rl_graphstep.config import Config, to_markdown_table
+from rl_graphstep.config import Config
 from rl_graphstep.console import LoopClock, ProgressDisplay, done_line
 from rl_graphstep.envs import (
     EpisodeStatistics,
@@ -46,7 +46,7 @@ from rl_graphstep.envs import (
 from rl_graphstep.errors import ConfigError, RLGraphstepError
 from rl_graphstep.flags import command_line_values, load_config
 from rl_graphstep.learners import OffPolicyLearner
-from rl_graphstep.logger import Logger
+from rl_graphstep.logger import Logger, to_markdown_table
 from rl_graphstep.netspec import describe_networks, make_networks, networks_of_run, record_networks
 from rl_graphstep.nonfinite import NonFiniteTally, describe_updates, mostly_skipped
 from rl_graphstep.plan import (

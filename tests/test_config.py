@@ -19,7 +19,6 @@ from rl_graphstep.config import (
     config_from_dict,
     config_to_dict,
     saved_config_values,
-    to_markdown_table,
 )
 from rl_graphstep.errors import ConfigError
 from rl_graphstep.flags import load_config
@@ -117,18 +116,7 @@ def test_config_with_kwargs_is_hashable_and_owns_its_dicts() -> None:
     assert len({cfg, same, Config()}) == 2
 
 
-def test_markdown_table_has_the_new_keys() -> None:
-    cfg = Config(algo="td3", actor="nets.py:Actor", actor_kwargs={"width": 64})
-    table = to_markdown_table(cfg)
-    for key in ("policy_noise", "noise_clip", "exploration_noise", "critic", "critic_kwargs"):
-        assert f"| {key} |" in table
-    assert "| actor | nets.py:Actor |" in table
-    assert '| actor_kwargs | {"width": 64} |' in table
-    assert "| critic_kwargs | {} |" in table
-    assert "| exploration_noise | 0.1 |" in table
-
-
-def test_dict_round_trip_and_markdown() -> None:
+def test_dict_round_trip() -> None:
     cfg = Config(
         batch_size=64, hidden_sizes=(32, 32), run_name="a|b", critic_kwargs={"sizes": (4, 4)}
     )
@@ -138,12 +126,6 @@ def test_dict_round_trip_and_markdown() -> None:
     assert data["critic_kwargs"] == {"sizes": [4, 4]}
     assert cfg.critic_kwargs == {"sizes": (4, 4)}
     assert config_from_dict(data) == dataclasses.replace(cfg, critic_kwargs={"sizes": [4, 4]})
-    table = to_markdown_table(cfg)
-    assert table.splitlines()[:2] == ["| key | value |", "|---|---|"]
-    for f in dataclasses.fields(Config):
-        assert f"| {f.name} |" in table
-    assert "| batch_size | 64 |" in table
-    assert r"| run_name | a\|b |" in table
 
 
 def test_config_is_frozen_and_checked_on_construction() -> None:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rl_graphstep.config import Config, to_markdown_table
-from rl_graphstep.logger import Logger
+from rl_graphstep.config import Config
+from rl_graphstep.logger import Logger, to_markdown_table
 from rl_graphstep.metrics import MetricSums
 
 
@@ -102,3 +103,25 @@ def test_exit_closes_on_exception(tmp_path: Path) -> None:
     assert logger.closed
     assert read_events(tmp_path).Scalars("charts/x")[0].value == 1.0
     logger.close()  # a second close is harmless
+
+
+def test_markdown_table_of_a_config() -> None:
+    cfg = Config(batch_size=64, hidden_sizes=(32, 32), run_name="a|b",
+                 critic_kwargs={"sizes": (4, 4)})
+    table = to_markdown_table(cfg)
+    assert table.splitlines()[:2] == ["| key | value |", "|---|---|"]
+    for f in dataclasses.fields(Config):
+        assert f"| {f.name} |" in table
+    assert "| batch_size | 64 |" in table
+    assert r"| run_name | a\|b |" in table
+
+
+def test_markdown_table_has_the_new_keys() -> None:
+    cfg = Config(algo="td3", actor="nets.py:Actor", actor_kwargs={"width": 64})
+    table = to_markdown_table(cfg)
+    for key in ("policy_noise", "noise_clip", "exploration_noise", "critic", "critic_kwargs"):
+        assert f"| {key} |" in table
+    assert "| actor | nets.py:Actor |" in table
+    assert '| actor_kwargs | {"width": 64} |' in table
+    assert "| critic_kwargs | {} |" in table
+    assert "| exploration_noise | 0.1 |" in table
