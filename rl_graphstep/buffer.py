@@ -63,7 +63,7 @@ class RowLayout:
     @staticmethod
     def split_targets(targets: torch.Tensor) -> CriticTargets:
         """Views of ``rows[:, layout.critic_targets]``, what the critic step receives."""
-        return CriticTargets(targets[:, :1], targets[:, 1:2], targets[:, 2:])
+        return CriticTargets(targets[..., :1], targets[..., 1:2], targets[..., 2:])
 
 
 class ReplayBuffer:

@@ -257,8 +257,9 @@ class StateActionInput(nn.Module):
         return f"{self.critic._get_name()} (via StateActionInput)"
 
     def forward(self, inputs: Tensor) -> Tensor:
-        """`critic(inputs[:, :observation_size], inputs[:, observation_size:])`."""
-        return self.critic(inputs[:, : self.observation_size], inputs[:, self.observation_size :])
+        """`critic(inputs[..., :observation_size], inputs[..., observation_size:])`."""
+        return self.critic(inputs[..., : self.observation_size],
+                           inputs[..., self.observation_size :])
 
 
 class DeterministicActor(_DefaultActor):

@@ -160,3 +160,48 @@ def test_the_learning_state_is_the_target_critic_and_the_temperature() -> None:
     assert state["target_critic"] is sac.target_critic and state["log_alpha"] is sac.log_alpha
     assert sac.log_alpha.item() == pytest.approx(math.log(0.5))
     assert sac.target_entropy.item() == -1.0
+
+
+class AnyShapeActor(FixedActor):
+    """FixedActor on inputs with any leading dimensions (a seed dimension too)."""
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tanh(self.w * obs[..., :1]), 0.1 * obs.sum(-1) * self.w
+
+
+class AnyShapeCritic(LinearCritic):
+    def forward(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        return (obs.sum(-1, keepdim=True) + act.sum(-1, keepdim=True)) * self.c
+
+
+def seed_rows() -> torch.Tensor:
+    """(2 seeds, 2 rows, 7): seed 0's rows are ROWS, seed 1's are other values."""
+    return torch.stack([ROWS, ROWS.flip(0) * torch.tensor([0.5, -1.0, 0.3, 2.0, 1.0, -0.7, 0.9])])
+
+
+def test_with_seeds_every_loss_is_per_seed_and_each_equals_that_seed_alone() -> None:
+    """Two seeds with their own temperature: the losses come back (2,), and entry k is the
+    loss a single run with seed k's temperature computes on seed k's rows."""
+    cfg = Config(alpha=0.5, gamma=0.9, batch_size=2)
+    group = SAC(AnyShapeActor(), AnyShapeCritic(), cfg, action_size=1, device=CPU, seeds=2)
+    assert group.log_alpha.shape == (2,)
+    with torch.no_grad():
+        group.log_alpha[1] = math.log(0.2)
+    rows = seed_rows()
+    targets = RowLayout.split_targets(rows[..., 3:])
+    q = torch.tensor([[[1.0, 2.0], [0.0, -1.0]], [[0.5, 0.1], [-2.0, 3.0]]])
+    critic_loss, _ = group.critic_loss(q, targets)
+    actions, log_pi = group.actor(rows[..., :2])
+    actor_loss, metrics = group.actor_loss((actions, log_pi), rows[..., :2])
+    assert critic_loss.shape == actor_loss.shape == metrics["losses/alpha"].shape == (2,)
+    for k, alpha in enumerate((0.5, 0.2)):
+        alone = make_sac(AnyShapeActor(), alpha=alpha)
+        alone.critic, alone.target_critic = AnyShapeCritic(), AnyShapeCritic()
+        seed_targets = RowLayout.split_targets(rows[k, :, 3:])
+        assert torch.equal(alone.td_target(seed_targets), group.td_target(targets)[k])
+        assert torch.equal(alone.critic_loss(q[k], seed_targets)[0], critic_loss[k])
+        seed_actions, seed_log_pi = alone.actor(rows[k, :, :2])
+        loss, seed_metrics = alone.actor_loss((seed_actions, seed_log_pi), rows[k, :, :2])
+        assert torch.allclose(loss, actor_loss[k], rtol=1e-6, atol=1e-7)
+        for name, value in seed_metrics.items():
+            assert torch.allclose(value, metrics[name][k], rtol=1e-6, atol=1e-7), name

@@ -145,3 +145,31 @@ def test_every_algorithm_is_a_config_choice() -> None:
     assert {name: cls.name for name, cls in ALGORITHMS.items()} == {n: n for n in ALGORITHMS}
     assert (ALGORITHMS["sac"], ALGORITHMS["td3"], ALGORITHMS["ddpg"]) == (SAC, TD3, DDPG)
     assert [cls.num_critics for cls in (SAC, TD3, DDPG)] == [2, 2, 1]
+
+
+def test_with_seeds_the_losses_are_per_seed_and_each_equals_that_seed_alone() -> None:
+    """Two seeds' batches at once: entry k of each loss is what a single run computes on seed
+    k's rows (no smoothing noise, so the targets are deterministic)."""
+
+    class AnyShapeActor(FixedDeterministicActor):
+        def forward(self, obs: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(self.w * obs[..., :1])
+
+    class AnyShapeCritic(LinearCritic):
+        def forward(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+            return (obs.sum(-1, keepdim=True) + act.sum(-1, keepdim=True)) * self.c
+
+    cfg = Config(algo="ddpg", gamma=0.9)
+    group = DDPG(AnyShapeActor(), AnyShapeCritic(1), cfg, action_size=1, device=CPU, seeds=2)
+    rows = torch.stack([ROWS, ROWS * 0.5 - 1.0])
+    targets = RowLayout.split_targets(rows[..., 3:])
+    q = torch.tensor([[[1.0], [0.0]], [[0.5], [-2.0]]])
+    critic_loss, _ = group.critic_loss(q, targets)
+    actor_loss, _ = group.actor_loss(group.actor(rows[..., :2]), rows[..., :2])
+    assert critic_loss.shape == actor_loss.shape == (2,)
+    for k in range(2):
+        alone = DDPG(AnyShapeActor(), AnyShapeCritic(1), cfg, action_size=1, device=CPU)
+        seed_targets = RowLayout.split_targets(rows[k, :, 3:])
+        assert torch.equal(alone.critic_loss(q[k], seed_targets)[0], critic_loss[k])
+        loss, _ = alone.actor_loss(alone.actor(rows[k, :, :2]), rows[k, :, :2])
+        assert torch.equal(loss, actor_loss[k])

@@ -28,6 +28,10 @@ class OffPolicyAlgorithm:
     (:meth:`actor_steps`, :meth:`after_critic_step`, :meth:`after_actor_steps`). The schedule
     takes the update's number explicitly and must repeat every :meth:`update_period` updates:
     the learner records one fused update per phase of it.
+
+    With ``seeds`` = K > 1 the networks are K seeds' networks batched (every input and output
+    with a leading K dimension) and each loss returns one value per seed, (K,), for the learner
+    to sum: each seed's gradient is then its own. With one seed, the losses are scalars.
     """
 
     name: ClassVar[str]
@@ -35,9 +39,11 @@ class OffPolicyAlgorithm:
     num_critics: ClassVar[int] = 2
 
     def __init__(self, actor: nn.Module, critic: nn.Module, cfg: Config, *,
-                 action_size: int, device: torch.device) -> None:
+                 action_size: int, device: torch.device, seeds: int = 1) -> None:
         self.cfg = cfg
         self.action_size = action_size
+        # The shape of a per-seed value (a loss, SAC's temperature): none for a single run.
+        self.seed_shape: tuple[int, ...] = () if seeds == 1 else (seeds,)
         self.actor = actor.to(device)
         self.critic = critic.to(device)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
@@ -108,7 +114,18 @@ class OffPolicyAlgorithm:
                                                       *self.critic.named_buffers())}
         return torch.func.functional_call(self.critic, detached, (observations, actions))
 
-    @staticmethod
-    def mse(q_values: Tensor, td_target: Tensor) -> Tensor:
-        """CleanRL's qf1_loss + qf2_loss: each critic member's mean squared error, summed."""
-        return (q_values - td_target).pow(2).mean(dim=0).sum()
+    def mse(self, q_values: Tensor, td_target: Tensor) -> Tensor:
+        """CleanRL's qf1_loss + qf2_loss: each critic member's mean squared error over the
+        batch, summed over the members (per seed)."""
+        per_member = (q_values - td_target).pow(2).mean(dim=-2)
+        return per_member.sum() if not self.seed_shape else per_member.sum(dim=-1)
+
+    def batch_mean(self, values: Tensor) -> Tensor:
+        """The mean over the batch (the last dimension), per seed."""
+        return values.mean() if not self.seed_shape else values.mean(dim=-1)
+
+    def per_seed(self, value: Tensor, like: Tensor) -> Tensor:
+        """A per-seed value (SAC's temperature) shaped to broadcast against ``like``."""
+        if not self.seed_shape:
+            return value
+        return value.view(*value.shape, *(1,) * (like.dim() - value.dim()))

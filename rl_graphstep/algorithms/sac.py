@@ -38,9 +38,10 @@ class SAC(OffPolicyAlgorithm):
     actor_kind = "stochastic"
 
     def __init__(self, actor: nn.Module, critic: nn.Module, cfg: Config, *,
-                 action_size: int, device: torch.device) -> None:
-        super().__init__(actor, critic, cfg, action_size=action_size, device=device)
-        self.log_alpha = torch.full((), math.log(cfg.alpha), device=device,
+                 action_size: int, device: torch.device, seeds: int = 1) -> None:
+        super().__init__(actor, critic, cfg, action_size=action_size, device=device,
+                         seeds=seeds)
+        self.log_alpha = torch.full(self.seed_shape, math.log(cfg.alpha), device=device,
                                     requires_grad=cfg.autotune)
         self.target_entropy = torch.full((), -float(action_size), device=device)
         self.polyak = PolyakAverage([(self.target_critic, self.critic)], cfg.tau)
@@ -66,9 +67,10 @@ class SAC(OffPolicyAlgorithm):
     def td_target(self, batch: CriticTargets) -> Tensor:
         """r + gamma (1 - d) (min_i Q_target_i(s', a') - alpha log pi(a'|s')), a' ~ pi(s')."""
         next_actions, next_log_pi = self.actor(batch.next_observations)
-        next_q = self.target_critic(batch.next_observations, next_actions).min(dim=1,
-                                                                                keepdim=True)
-        soft_value = next_q.values - self.alpha * next_log_pi.unsqueeze(1)
+        next_q = self.target_critic(batch.next_observations, next_actions).min(dim=-1,
+                                                                                 keepdim=True)
+        next_log_pi = next_log_pi.unsqueeze(-1)
+        soft_value = next_q.values - self.per_seed(self.alpha, next_log_pi) * next_log_pi
         return batch.rewards + batch.not_dones * self.cfg.gamma * soft_value
 
     def critic_loss(self, q_values: Tensor, batch: CriticTargets) -> tuple[Tensor, Metrics]:
@@ -79,13 +81,14 @@ class SAC(OffPolicyAlgorithm):
         """``alpha log pi - min Q`` plus, with autotune, the temperature loss
         ``-log_alpha.exp() (log pi + target entropy)``."""
         actions, log_pi = prediction
-        min_q = self.frozen_critic(observations, actions).min(dim=1).values
+        min_q = self.frozen_critic(observations, actions).min(dim=-1).values
         alpha = self.alpha
-        actor_loss = (alpha * log_pi - min_q).mean()
+        actor_loss = self.batch_mean(self.per_seed(alpha, log_pi) * log_pi - min_q)
         metrics = {"losses/actor": actor_loss, "charts/alpha": alpha}
         if not self.cfg.autotune:
             return actor_loss, metrics
-        alpha_loss = (-self.log_alpha.exp() * (log_pi.detach() + self.target_entropy)).mean()
+        alpha_loss = self.batch_mean(-self.per_seed(self.log_alpha.exp(), log_pi)
+                                     * (log_pi.detach() + self.target_entropy))
         return actor_loss + alpha_loss, {**metrics, "losses/alpha": alpha_loss}
 
     def actor_steps(self, update: int) -> int:

@@ -33,8 +33,9 @@ class TD3(OffPolicyAlgorithm):
     target_smoothing = True
 
     def __init__(self, actor: nn.Module, critic: nn.Module, cfg: Config, *,
-                 action_size: int, device: torch.device) -> None:
-        super().__init__(actor, critic, cfg, action_size=action_size, device=device)
+                 action_size: int, device: torch.device, seeds: int = 1) -> None:
+        super().__init__(actor, critic, cfg, action_size=action_size, device=device,
+                         seeds=seeds)
         self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
         self.polyak = PolyakAverage(
             [(self.target_actor, self.actor), (self.target_critic, self.critic)], cfg.tau)
@@ -57,8 +58,8 @@ class TD3(OffPolicyAlgorithm):
     def td_target(self, batch: CriticTargets) -> Tensor:
         """r + gamma (1 - d) min_i Q_target_i(s', a'), a' the smoothed target action."""
         next_actions = self.target_actions(batch.next_observations)
-        next_q = self.target_critic(batch.next_observations, next_actions).min(dim=1,
-                                                                                keepdim=True)
+        next_q = self.target_critic(batch.next_observations, next_actions).min(dim=-1,
+                                                                                 keepdim=True)
         return batch.rewards + batch.not_dones * self.cfg.gamma * next_q.values
 
     def critic_loss(self, q_values: Tensor, batch: CriticTargets) -> tuple[Tensor, Metrics]:
@@ -66,7 +67,7 @@ class TD3(OffPolicyAlgorithm):
 
     def actor_loss(self, actions: Tensor, observations: Tensor) -> tuple[Tensor, Metrics]:
         """``-Q_1(s, pi(s))``: the first critic only, as published."""
-        loss = -self.frozen_critic(observations, actions)[:, 0].mean()
+        loss = -self.batch_mean(self.frozen_critic(observations, actions)[..., 0])
         return loss, {"losses/actor": loss}
 
     def actor_steps(self, update: int) -> int:
