@@ -9,6 +9,7 @@ few ``np.isfinite`` calls per step on the host, the whole check when all is well
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -17,7 +18,7 @@ from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.envs import scale_action
 
 __all__ = ["NonFiniteTally", "describe_updates", "mostly_skipped", "policy_inputs",
-           "random_actions_for"]
+           "random_actions_for", "store_seeds"]
 
 # The parts of a transition, in the order the buffer takes them; terminations are booleans.
 _PARTS = ("observation", "action", "reward", "next observation")
@@ -34,10 +35,14 @@ class NonFiniteTally:
 
     It also keeps the skipped-update counts of earlier runs of the same training (before a
     resume), since the device-side counters start from zero in each process.
+
+    With K seeds in one run each seed has a tally of its own (``seed``: its seed, named in
+    the warning), and :func:`store_seeds` stores their transitions.
     """
 
-    def __init__(self, env_id: str, first_update: int = 0) -> None:
+    def __init__(self, env_id: str, first_update: int = 0, *, seed: int | None = None) -> None:
         self.env_id = env_id
+        self.seed = seed
         self.transitions = 0  # transitions dropped for a non-finite value
         self.episodes = 0  # ended episodes with a non-finite return (left out of the means)
         self.warned = False
@@ -59,18 +64,8 @@ class NonFiniteTally:
             buffer.add(observations, actions, rewards, next_observations, terminations)
             return
         n = len(rewards)
-        finite = np.ones(n, dtype=bool)
-        for name, ok in zip(_PARTS, _finite_rows(observations, actions, rewards,
-                                                 next_observations), strict=True):
-            if not ok.all() and not self.warned:
-                self.warned = True
-                env = int(np.flatnonzero(~ok)[0])
-                warnings.warn(
-                    f"{self.env_id} returned a non-finite {name} (env {env}, step {step}); "
-                    f"transitions with NaN or inf are not stored but counted in "
-                    f"charts/nonfinite_transitions (warned once per run)", stacklevel=3)
-            finite &= ok
-        self.transitions += int(n - finite.sum())
+        finite = self._drop(step, _finite_rows(observations, actions, rewards,
+                                               next_observations), stacklevel=4)
         columns = (observations, actions, rewards, next_observations, terminations)
         self._held.append(tuple(np.asarray(c)[finite] for c in columns))
         held = sum(len(rows[2]) for rows in self._held)
@@ -78,6 +73,24 @@ class NonFiniteTally:
             joined = [np.concatenate(c) for c in zip(*self._held, strict=True)]
             buffer.add(*(c[:n] for c in joined))
             self._held = [tuple(c[n:] for c in joined)] if held > n else []
+
+    def _drop(self, step: int, finite_parts: list[np.ndarray], stacklevel: int) -> np.ndarray:
+        """Which rows to store, given per part which rows are finite; counts the others and
+        warns at the run's first (``stacklevel`` as `warnings.warn` counts it from here)."""
+        finite = np.ones(len(finite_parts[0]), dtype=bool)
+        for name, ok in zip(_PARTS, finite_parts, strict=True):
+            if not ok.all() and not self.warned:
+                self.warned = True
+                env = int(np.flatnonzero(~ok)[0])
+                where = f"env {env}" if self.seed is None else f"seed {self.seed}, env {env}"
+                warnings.warn(
+                    f"{self.env_id} returned a non-finite {name} ({where}, step {step}); "
+                    f"transitions with NaN or inf are not stored but counted in "
+                    f"charts/nonfinite_transitions (warned once per run)",
+                    stacklevel=stacklevel)
+            finite &= ok
+        self.transitions += int(finite.size - finite.sum())
+        return finite
 
     def count(self, transitions: tuple[np.ndarray, ...] | None) -> int:
         """How many of ``transitions`` (as :meth:`store` takes them) :meth:`store` would drop."""
@@ -123,6 +136,26 @@ class NonFiniteTally:
         self.transitions, self.episodes = int(state["transitions"]), int(state["episodes"])
         self.warned, self._held = bool(state["warned"]), list(state["held"])
         self.before = {kind: (int(s), int(m)) for kind, (s, m) in state["updates"].items()}
+
+
+def store_seeds(tallies: Sequence[NonFiniteTally], buffer: ReplayBuffer, step: int,
+                observations: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
+                next_observations: np.ndarray, terminations: np.ndarray) -> None:
+    """:meth:`NonFiniteTally.store` for a buffer of K seeds (one tally each): the arrays hold
+    K x n rows, seed k's envs being rows k*n .. k*n+n-1. Each seed's tally counts and warns
+    about its own rows only, and each seed stores its finite rows at once: the buffer of K
+    seeds takes any count per seed in one write, so nothing is held back."""
+    if (np.isfinite(rewards).all() and np.isfinite(next_observations).all()
+            and np.isfinite(observations).all() and np.isfinite(actions).all()):
+        buffer.add(observations, actions, rewards, next_observations, terminations)
+        return
+    n = len(rewards) // len(tallies)
+    parts = _finite_rows(observations, actions, rewards, next_observations)
+    finite = np.empty(len(rewards), dtype=bool)
+    for seed, tally in enumerate(tallies):  # a loop, not a comprehension: no frame of its own
+        rows = slice(seed * n, seed * n + n)
+        finite[rows] = tally._drop(step, [ok[rows] for ok in parts], stacklevel=3)
+    buffer.add(observations, actions, rewards, next_observations, terminations, keep=finite)
 
 
 def _finite_rows(*parts: np.ndarray) -> list[np.ndarray]:

@@ -1,5 +1,5 @@
-"""GPU tests of the replay sampling: a captured draw matches the eager one and reads the
-buffer's current fill level."""
+"""GPU tests of the replay sampling and writes: a captured draw matches the eager one and
+reads the buffer's current fill level; with K seeds, the captured write equals the CPU one."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from rl_graphstep import buffer as buffer_module
 from rl_graphstep.buffer import BatchSampler, ReplayBuffer
+from rl_graphstep.errors import CaptureError
 
 pytestmark = pytest.mark.cuda
 DEVICE = torch.device("cuda")
@@ -39,3 +41,86 @@ def test_captured_sampling_matches_eager_draws_and_reads_the_fill_level() -> Non
     assert len(set(first[:, 0].tolist())) > 200
     graph()
     assert not torch.equal(outputs["graph"], first)
+
+
+def seeds_transition(rng: np.random.Generator, seeds: int, n: int):
+    total = seeds * n
+    return (rng.normal(size=(total, 17)), rng.uniform(-1, 1, (total, 6)), rng.normal(size=total),
+            rng.normal(size=(total, 17)), rng.random(total) < 0.05)
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_seed_adds_replay_a_write_graph_that_equals_the_cpu_write(n: int) -> None:
+    """K seeds' adds, each seed keeping its own rows (some none), replay a captured write
+    (one per pinned staging buffer); the rings, fill levels and positions end as on the CPU."""
+    seeds = 4
+    replay = ReplayBuffer(7, 17, 6, DEVICE, seeds=seeds)
+    reference = ReplayBuffer(7, 17, 6, "cpu", seeds=seeds)
+    rng = np.random.default_rng(0)
+    # Freed small blocks claimed with a large number: a graph that read a freed tensor would
+    # write its rows out of place.
+    clutter: list[torch.Tensor] = []
+    for step in range(30):
+        transition = seeds_transition(rng, seeds, n)
+        keep = rng.random(seeds * n) < 0.7
+        for buffer in (replay, reference):
+            buffer.add(*transition, keep=keep)
+        if step == 0:
+            clutter = [torch.full((64,), 10**6, dtype=torch.int64, device=DEVICE)
+                       for _ in range(4096)]
+    del clutter
+    assert replay._write_graphs is not None and len(replay._write_graphs) == 2
+    assert torch.equal(replay.storage.cpu(), reference.storage)
+    assert replay.sizes == reference.sizes and replay.positions == reference.positions
+    assert replay.size_tensor.tolist() == list(replay.sizes)
+    assert replay.position_tensor.tolist() == list(replay.positions)
+
+
+def test_seed_adds_write_plainly_when_the_write_cannot_be_captured(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    def fails(function: object, device: torch.device, *, what: str, **_: object) -> None:
+        raise CaptureError(f"could not capture {what}: RuntimeError: boom")
+
+    monkeypatch.setattr(buffer_module, "capture_graph", fails)
+    replay = ReplayBuffer(5, 17, 6, DEVICE, seeds=3)
+    reference = ReplayBuffer(5, 17, 6, "cpu", seeds=3)
+    rng = np.random.default_rng(1)
+    adds = [(seeds_transition(rng, 3, 2), rng.random(6) < 0.5) for _ in range(9)]
+    with pytest.warns(UserWarning, match="writing the replay buffer without a graph"):
+        replay.add(*adds[0][0], keep=adds[0][1])
+    for transition, keep in adds[1:]:
+        replay.add(*transition, keep=keep)
+    for transition, keep in adds:
+        reference.add(*transition, keep=keep)
+    assert replay._write_graphs is None
+    assert torch.equal(replay.storage.cpu(), reference.storage)
+    assert replay.position_tensor.tolist() == list(reference.positions)
+
+
+def test_captured_seed_sampling_matches_eager_and_reads_each_seeds_fill_level() -> None:
+    seeds = 3
+    buffer = ReplayBuffer(5000, 17, 6, DEVICE, seeds=seeds)
+    rng = np.random.default_rng(0)
+    # Seed 0 keeps 2 rows, seed 1 all 10, seed 2 one.
+    keep = np.zeros(3 * 10, bool)
+    keep[:2], keep[10:20], keep[20] = True, True, True
+    buffer.add(*seeds_transition(rng, seeds, 10), keep=keep)
+    outputs = {kind: torch.zeros(seeds, 256, 17, device=DEVICE) for kind in ("graph", "eager")}
+    graph = BatchSampler(buffer, 256, [(outputs["graph"], slice(0, 17))], use_graph=True)
+    eager = BatchSampler(buffer, 256, [(outputs["eager"], slice(0, 17))])
+    assert graph.graph is not None
+    for _ in range(3):
+        draws = {}
+        for kind, sampler in (("graph", graph), ("eager", eager)):
+            torch.manual_seed(5)
+            sampler()
+            draws[kind] = outputs[kind].clone()
+        assert torch.equal(draws["graph"], draws["eager"])
+        for seed, size in enumerate((2, 10, 1)):
+            stored = set(buffer.storage[seed, :size, 0].tolist())
+            assert set(draws["graph"][seed, :, 0].tolist()) == stored
+    # Rows added after capture are drawn: the graph reads the seeds' size tensor.
+    buffer.add(*seeds_transition(np.random.default_rng(1), seeds, 1000))
+    graph()
+    counts = [len(set(outputs["graph"][seed, :, 0].tolist())) for seed in range(seeds)]
+    assert min(counts) > 150
