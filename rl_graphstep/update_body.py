@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from rl_graphstep.capture import selected_parameters
 from rl_graphstep.compiling import CompiledParts
-from rl_graphstep.guards import GradNormClip, NonFiniteGuard
+from rl_graphstep.guards import GradNormClip, NonFiniteGuard, SeedGradNormClip
 
 if TYPE_CHECKING:
     from rl_graphstep.graphstep import GradientTransform, TensorLoss
@@ -20,14 +20,21 @@ _FORWARD_LOSS = "forward and loss"
 _APPLY = "gradient transform and optimizer step"
 
 
-def _check_scalar_loss(loss: Any, loss_function: Callable) -> None:
+def _check_scalar_loss(loss: Any, loss_function: Callable, seeds: int = 1) -> None:
+    """A differentiable scalar, or with K seeds the (K,) per-seed losses."""
     name = getattr(loss_function, "__qualname__", type(loss_function).__name__)
     if not isinstance(loss, Tensor):
         raise TypeError(f"loss_function {name} returned {type(loss).__name__}, expected a tensor")
-    if loss.dim() != 0:
+    if seeds == 1 and loss.dim() != 0:
         raise ValueError(
             f"loss_function {name} returned shape {tuple(loss.shape)}, expected a scalar "
             "(shape ()); reduce it, e.g. with .mean()"
+        )
+    if seeds > 1 and loss.shape != (seeds,):
+        raise ValueError(
+            f"loss_function {name} returned shape {tuple(loss.shape)}, expected one loss per "
+            f"seed (shape ({seeds},)); reduce all but the seed dimension, e.g. with "
+            ".mean(dim=(1, 2))"
         )
     if not loss.requires_grad:
         raise ValueError(
@@ -36,8 +43,29 @@ def _check_scalar_loss(loss: Any, loss_function: Callable) -> None:
         )
 
 
+def _check_seed_pieces(seeds: int, gradient_transform: Any,
+                       guard: NonFiniteGuard | None) -> None:
+    """With K seeds, the guard and a clip must be per-seed ones of the same K."""
+    if guard is not None and guard.seeds != seeds:
+        raise ValueError(f"the update has {seeds} seeds, its guard {guard.seeds}")
+    if isinstance(gradient_transform, GradNormClip):
+        clip_seeds = (gradient_transform.seeds
+                      if isinstance(gradient_transform, SeedGradNormClip) else 1)
+        if clip_seeds != seeds:
+            raise ValueError(
+                f"the update has {seeds} seeds, its gradient-norm clip {clip_seeds}; clip each "
+                f"seed by its own norm with clip_grad_norm(parameters, max_norm, seeds={seeds})"
+            )
+
+
 class UpdateBody:
     """The update both steps run: zero grads, forward, loss, backward, transform, step.
+
+    With ``seeds=K > 1`` the module's parameters are stacked as (K, ...) and the loss function
+    returns the (K,) per-seed losses: backward runs on their sum, which gives each seed exactly
+    its own gradients, and the guard (a ``NonFiniteGuard(..., seeds=K)``) decides per seed
+    from them and from the clip's per-seed norms, never from the sum, which one seed's NaN
+    would make NaN for all. The step then returns the (K,) losses.
 
     Backward is restricted to the optimizer's parameters, so other module parameters and any
     module the loss calls (a critic inside an actor's loss) get no ``.grad`` written.
@@ -59,7 +87,10 @@ class UpdateBody:
         guard: NonFiniteGuard | None = None,
         *,
         compile: bool = False,
+        seeds: int = 1,
     ) -> None:
+        _check_seed_pieces(seeds, gradient_transform, guard)
+        self.seeds = seeds
         self.module, self.optimizer, self.guard = module, optimizer, guard
         self.loss_function, self.gradient_transform = loss_function, gradient_transform
         self.parameters = selected_parameters(optimizer)
@@ -76,9 +107,10 @@ class UpdateBody:
         return self.loss_function(self.module(inputs), targets)
 
     def forward_loss(self, inputs: Tensor, targets: Tensor) -> Tensor:
-        """The loss on ``inputs``/``targets``, checked to be a differentiable scalar."""
+        """The loss on ``inputs``/``targets``, checked to be a differentiable scalar (the (K,)
+        per-seed losses with K seeds)."""
         loss = self._forward_loss(inputs, targets)
-        _check_scalar_loss(loss, self.loss_function)
+        _check_scalar_loss(loss, self.loss_function, self.seeds)
         return loss
 
     def _apply(self, loss: Tensor) -> None:
@@ -102,7 +134,7 @@ class UpdateBody:
             loss = self._parts.run(_FORWARD_LOSS, inputs, targets)
         else:
             loss = self.forward_loss(inputs, targets)
-        loss.backward(inputs=self.parameters)
+        (loss if self.seeds == 1 else loss.sum()).backward(inputs=self.parameters)
         # No grad: all of it works on gradients, and a compiled graph that starts with grad
         # mode on is traced as a training graph, which copies every tensor it updates.
         with torch.no_grad():

@@ -1,13 +1,17 @@
-"""CPU tests of the gradient guards: gradient-norm clipping and the non-finite guard."""
+"""CPU tests of the gradient guards: gradient-norm clipping and the non-finite guard, for one
+seed and per seed for K seeds stacked on a leading dimension."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 import torch
 from torch import nn
 
 from rl_graphstep.graphstep import EagerAdaptationStep
-from rl_graphstep.guards import NonFiniteGuard, clip_grad_norm
+from rl_graphstep.guards import NonFiniteGuard, clip_grad_norm, seed_grad_norms
+from rl_graphstep.update_body import UpdateBody
 
 
 def mlp(seed: int = 0) -> nn.Module:
@@ -100,3 +104,242 @@ def test_a_non_finite_update_leaves_parameters_and_state_as_they_were() -> None:
     assert not torch.equal(module[0].weight, params[0])
     guard.reset()
     assert (guard.skipped.item(), guard.consecutive.item()) == (0, 0)
+
+
+# --------------------------------------------------------------------------------------------
+# K seeds stacked on a leading dimension
+# --------------------------------------------------------------------------------------------
+
+SEEDS = 3
+
+
+class StackedMLP(nn.Module):
+    """K two-layer MLPs, one per seed, stacked by hand as (K, ...) parameters; bmm forward."""
+
+    def __init__(self, seeds: int = SEEDS, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        nets = [mlp(seed + k) for k in range(seeds)]
+        self.w1 = nn.Parameter(torch.stack([n[0].weight.detach().T for n in nets]).contiguous())
+        self.b1 = nn.Parameter(torch.stack([n[0].bias.detach()[None] for n in nets]))
+        self.w2 = nn.Parameter(torch.stack([n[2].weight.detach().T for n in nets]).contiguous())
+        self.b2 = nn.Parameter(torch.stack([n[2].bias.detach()[None] for n in nets]))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:  # (K, B, 4) -> (K, B, 2)
+        hidden = torch.baddbmm(self.b1, inputs, self.w1).relu()
+        return torch.baddbmm(self.b2, hidden, self.w2)
+
+
+def seed_mse(prediction: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The (K,) per-seed mean squared errors."""
+    return ((prediction - targets) ** 2).mean(dim=(1, 2))
+
+
+def seed_batch(seed: int = 1, seeds: int = SEEDS) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    # Seed k's targets scaled by 10**k: gradient norms of about 1, 10 and 160.
+    scale = torch.tensor([10.0**k for k in range(seeds)]).view(-1, 1, 1)
+    return torch.randn(seeds, 8, 4, generator=g), scale * torch.randn(seeds, 8, 2, generator=g)
+
+
+def stacked_grads(module: nn.Module, inputs: torch.Tensor,
+                  targets: torch.Tensor) -> list[torch.Tensor]:
+    module.zero_grad(set_to_none=True)
+    seed_mse(module(inputs), targets).sum().backward()
+    return [p.grad for p in module.parameters()]
+
+
+def test_a_seed_clip_is_torch_clip_grad_norm_on_each_seed_alone() -> None:
+    module = StackedMLP()
+    grads = [g.clone() for g in stacked_grads(module, *seed_batch())]
+    clip = clip_grad_norm(module.parameters(), max_norm=5.0, seeds=SEEDS)
+    clip()
+    expected_norms = []
+    for k in range(SEEDS):
+        alone = [torch.zeros_like(g[k], requires_grad=True) for g in grads]
+        for tensor, g in zip(alone, grads, strict=True):
+            tensor.grad = g[k].clone()
+        expected_norms.append(nn.utils.clip_grad_norm_(alone, max_norm=5.0))
+        for tensor, p in zip(alone, module.parameters(), strict=True):
+            torch.testing.assert_close(p.grad[k], tensor.grad)
+    expected = torch.stack(expected_norms)
+    assert clip.norm.shape == (SEEDS,) and clip.norm.dtype == torch.float32
+    torch.testing.assert_close(clip.norm, expected)
+    assert expected.min() < 5.0 < expected.max()  # the clip is active on some seeds only
+
+
+@pytest.mark.parametrize("bad", [1e30, float("nan"), float("inf")])
+def test_one_seeds_gradients_never_reach_another_seeds_clip(bad: float) -> None:
+    def clipped(poison: bool) -> tuple[list[torch.Tensor], torch.Tensor]:
+        module = StackedMLP()
+        grads = stacked_grads(module, *seed_batch())
+        if poison:
+            grads[1][0].mul_(bad)
+            grads[3][0, 0, 1] = bad
+        clip = clip_grad_norm(module.parameters(), max_norm=1.0, seeds=SEEDS)
+        clip()
+        return [g.clone() for g in grads], clip.norm.clone()
+
+    (clean, clean_norm), (poisoned, poisoned_norm) = clipped(False), clipped(True)
+    assert not torch.equal(clean_norm[0], poisoned_norm[0])
+    assert torch.equal(clean_norm[1:], poisoned_norm[1:])
+    for a, b in zip(clean, poisoned, strict=True):
+        assert torch.equal(a[1:], b[1:])
+
+
+def test_one_seed_clip_is_todays_clip() -> None:
+    clip = clip_grad_norm(mlp().parameters(), 1.0, seeds=1)
+    assert type(clip).__name__ == "GradNormClip" and clip.norm.shape == ()
+
+
+@pytest.mark.parametrize(("seeds", "message"), [
+    (0, "seeds must be an int >= 1, got 0"),
+    (2, r"parameter 0 has shape \(3, 4, 16\); with 2 seeds every parameter is stacked"),
+])
+def test_a_seed_clip_refuses_bad_seeds(seeds: int, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        clip_grad_norm(StackedMLP().parameters(), 1.0, seeds=seeds)
+
+
+def seed_update_body(module: nn.Module, max_norm: float = 1.0) -> UpdateBody:
+    """A per-seed clipped and guarded Adam update over the stacked seeds."""
+    optimizer = torch.optim.Adam(module.parameters(), lr=0.01)
+    return UpdateBody(module, optimizer, seed_mse,
+                      clip_grad_norm(module.parameters(), max_norm, seeds=SEEDS),
+                      NonFiniteGuard(optimizer, torch.device("cpu"), seeds=SEEDS), seeds=SEEDS)
+
+
+def seed_slices(body: UpdateBody, k: int) -> list[torch.Tensor]:
+    """Seed k's parameters and Adam moments, copied."""
+    state = body.optimizer.state
+    return [t[k].clone() for p in body.parameters
+            for t in (p, state[p]["exp_avg"], state[p]["exp_avg_sq"])]
+
+
+def run_seed_updates(poison: dict[int, float]) -> tuple[UpdateBody, list[list[torch.Tensor]]]:
+    """Four updates; on the third, each seed in ``poison`` gets that value in one target.
+    Returns the body and every seed's slices after each update."""
+    body = seed_update_body(StackedMLP())
+    history = []
+    for update in range(4):
+        inputs, targets = seed_batch(seed=10 + update)
+        if update == 2:
+            for k, value in poison.items():
+                targets[k, 3, 1] = value
+        body(inputs, targets)
+        history.append([seed_slices(body, k) for k in range(SEEDS)])
+    return body, history
+
+
+def test_the_guard_skips_exactly_the_bad_seeds_update() -> None:
+    clean_body, clean = run_seed_updates({})
+    body, guarded = run_seed_updates({1: float("nan")})
+    assert body.guard is not None
+    assert body.guard.skipped.tolist() == [0, 1, 0]
+    for update in range(4):
+        for k in (0, 2):  # the other seeds update exactly as without the bad one
+            for a, b in zip(clean[update][k], guarded[update][k], strict=True):
+                assert torch.equal(a, b), (update, k)
+    # The bad seed's parameters and moments are back to the bit where the update found them.
+    for a, b in zip(guarded[1][1], guarded[2][1], strict=True):
+        assert torch.equal(a, b)
+    assert all(torch.isfinite(t).all() for t in guarded[3][1])
+    assert not torch.equal(guarded[3][1][0], guarded[2][1][0])  # it learns again afterwards
+    # Adam's step is one count for the stacked seeds: it advances when any seed steps.
+    for p in body.parameters:
+        assert body.optimizer.state[p]["step"].item() == 4
+    assert body.guard.consecutive.tolist() == [0, 0, 0]
+    assert clean_body.guard is not None and clean_body.guard.skipped.tolist() == [0, 0, 0]
+
+
+def test_the_per_seed_counters_count_each_seed_alone() -> None:
+    body = seed_update_body(StackedMLP())
+    inputs, targets = seed_batch()
+    bad = targets.clone()
+    bad[0, 0, 0] = float("inf")
+    bad[2, 1, 1] = float("nan")
+    body(inputs, targets)
+    body(inputs, bad)
+    body(inputs, bad)
+    assert body.guard is not None
+    assert (body.guard.skipped.tolist(), body.guard.consecutive.tolist()) == ([2, 0, 2],
+                                                                              [2, 0, 2])
+    everyone = targets.clone()
+    everyone[:, 0, 0] = float("nan")
+    before = [p.detach().clone() for p in body.parameters]
+    steps = [body.optimizer.state[p]["step"].clone() for p in body.parameters]
+    body(inputs, everyone)
+    assert (body.guard.skipped.tolist(), body.guard.consecutive.tolist()) == ([3, 1, 3],
+                                                                              [3, 1, 3])
+    # Every seed skipped: the shared step count is restored too, as with one seed.
+    for p, b, s in zip(body.parameters, before, steps, strict=True):
+        assert torch.equal(p, b) and torch.equal(body.optimizer.state[p]["step"], s)
+    body(inputs, targets)
+    assert body.guard.consecutive.tolist() == [0, 0, 0]
+    body.guard.reset()
+    assert body.guard.skipped.tolist() == [0, 0, 0]
+
+
+def test_a_nan_loss_shows_in_its_seeds_gradient_norm_when_it_depends_on_the_parameters() -> None:
+    module = StackedMLP()
+    inputs, targets = seed_batch()
+    targets[1, 2, 0] = float("nan")
+    losses = seed_mse(module(inputs), targets)
+    losses.sum().backward()
+    norms = seed_grad_norms([p.grad for p in module.parameters()], SEEDS)
+    assert torch.isnan(losses[1]) and torch.isnan(norms[1])
+    assert torch.isfinite(losses[[0, 2]]).all() and torch.isfinite(norms[[0, 2]]).all()
+
+
+def nan_seed_1_loss(kind: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Per-seed losses where seed 1's is NaN through a path that does (``scaled``) or does not
+    (``added``, ``masked``) carry the NaN into its gradients."""
+    nan = torch.tensor([0.0, float("nan"), 0.0]).view(-1, 1, 1)
+
+    def loss(prediction: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        error = (prediction - targets) ** 2
+        if kind == "scaled":  # a NaN constant times the parameters' error
+            error = error * (1.0 + nan)
+        elif kind == "added":  # a NaN constant beside it: its gradient is the error's
+            error = error + nan
+        else:  # a NaN in the branch where() does not take the gradient of
+            error = torch.where(nan.isnan(), nan, error)
+        return error.mean(dim=(1, 2))
+
+    return loss
+
+
+@pytest.mark.parametrize(("kind", "norm_is_nan"), [
+    ("scaled", True), ("added", False), ("masked", False),
+])
+def test_the_per_seed_losses_catch_a_nan_the_gradients_miss(kind: str,
+                                                             norm_is_nan: bool) -> None:
+    module = StackedMLP()
+    start = [p.detach().clone() for p in module.parameters()]
+    optimizer = torch.optim.Adam(module.parameters(), lr=0.01)
+    guard = NonFiniteGuard(optimizer, torch.device("cpu"), seeds=SEEDS)
+    record = clip_grad_norm(module.parameters(), float("inf"), seeds=SEEDS)
+    body = UpdateBody(module, optimizer, nan_seed_1_loss(kind), record, guard, seeds=SEEDS)
+    losses = body(*seed_batch())
+    assert torch.isnan(losses[1]) and bool(torch.isnan(record.norm[1])) == norm_is_nan
+    assert guard.skipped.tolist() == [0, 1, 0]
+    for p, s in zip(module.parameters(), start, strict=True):
+        assert torch.equal(p[1], s[1]) and not torch.equal(p[0], s[0])
+
+
+def test_a_seed_update_checks_its_pieces() -> None:
+    module = StackedMLP()
+    optimizer = torch.optim.Adam(module.parameters())
+    with pytest.raises(ValueError, match=r"expected one loss per seed \(shape \(3,\)\)"):
+        UpdateBody(module, optimizer, mse, None, seeds=SEEDS)(*seed_batch())
+    with pytest.raises(ValueError, match=r"clip_grad_norm\(parameters, max_norm, seeds=3\)"):
+        UpdateBody(module, optimizer, seed_mse, clip_grad_norm(module.parameters(), 1.0),
+                   seeds=SEEDS)
+    with pytest.raises(ValueError, match="the update has 3 seeds, its guard 1"):
+        UpdateBody(module, optimizer, seed_mse, None,
+                   NonFiniteGuard(optimizer, torch.device("cpu")), seeds=SEEDS)
+    guard = NonFiniteGuard(optimizer, torch.device("cpu"), seeds=SEEDS)
+    with pytest.raises(ValueError, match=r"takes the per-seed losses, shape \(3,\), got \(\)"):
+        guard.before_step(torch.zeros(()), list(module.parameters()))
+    with pytest.raises(ValueError, match=r"with 2 seeds every parameter is stacked"):
+        NonFiniteGuard(optimizer, torch.device("cpu"), seeds=2)

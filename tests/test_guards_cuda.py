@@ -1,5 +1,6 @@
 """GPU tests of the gradient guards inside a captured step: the clip's recorded norm and the
-non-finite guard's skip, replay by replay as the eager twin computes them."""
+non-finite guard's skip, replay by replay as the eager twin computes them; per seed for K
+stacked seeds too."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import pytest
 import torch
 from torch import nn
 
+from rl_graphstep.capture import Snapshot, capturing, warm_up
 from rl_graphstep.graphstep import CudaGraphAdaptationStep, EagerAdaptationStep
-from rl_graphstep.guards import clip_grad_norm
+from rl_graphstep.guards import GradNormClip, NonFiniteGuard, clip_grad_norm
+from rl_graphstep.update_body import UpdateBody
 
 pytestmark = pytest.mark.cuda
 DEVICE = "cuda"
@@ -70,3 +73,95 @@ def test_a_nan_batch_is_skipped_inside_the_graph() -> None:
     for p, q in zip(graph_module.parameters(), eager_module.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
+
+
+SEEDS = 3
+
+
+class StackedMLP(nn.Module):
+    """K two-layer MLPs stacked by hand as (K, ...) parameters; bmm forward."""
+
+    def __init__(self, seeds: int = SEEDS, seed: int = 0, width: int = 64) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.w1 = nn.Parameter(0.5 * torch.randn(seeds, 4, width, generator=g))
+        self.b1 = nn.Parameter(0.1 * torch.randn(seeds, 1, width, generator=g))
+        self.w2 = nn.Parameter(0.1 * torch.randn(seeds, width, 2, generator=g))
+        self.b2 = nn.Parameter(0.1 * torch.randn(seeds, 1, 2, generator=g))
+        self.to(DEVICE)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        hidden = torch.baddbmm(self.b1, inputs, self.w1).relu()
+        return torch.baddbmm(self.b2, hidden, self.w2)
+
+
+def seed_mse(prediction: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return ((prediction - targets) ** 2).mean(dim=(1, 2))
+
+
+def seed_batches(n: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    g = torch.Generator(device=DEVICE).manual_seed(seed)
+    scale = torch.tensor([1.0, 10.0, 100.0], device=DEVICE).view(-1, 1, 1)
+    return [(torch.randn(SEEDS, 32, 4, device=DEVICE, generator=g),
+             scale * torch.randn(SEEDS, 32, 2, device=DEVICE, generator=g)) for _ in range(n)]
+
+
+def seed_body(module: nn.Module) -> UpdateBody:
+    optimizer = adam(module.parameters())
+    return UpdateBody(module, optimizer, seed_mse,
+                      clip_grad_norm(module.parameters(), 5.0, seeds=SEEDS),
+                      NonFiniteGuard(optimizer, torch.device(DEVICE), seeds=SEEDS), seeds=SEEDS)
+
+
+def captured(body: UpdateBody, inputs: torch.Tensor,
+             targets: torch.Tensor) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+    """The body captured by hand (warm-up, capture, pre-capture values back) on static
+    buffers; returns the graph and the buffers it reads."""
+    static_inputs, static_targets = inputs.clone(), targets.clone()
+    snapshot = Snapshot(body.module, body.optimizer)
+    warm_up(lambda: body(static_inputs, static_targets), torch.device(DEVICE), 3)
+    graph = torch.cuda.CUDAGraph()
+    body.optimizer.zero_grad(set_to_none=True)
+    with capturing(graph, None):
+        body(static_inputs, static_targets)
+    snapshot.restore(body.optimizer)
+    assert body.guard is not None
+    body.guard.reset()
+    return graph, static_inputs, static_targets
+
+
+def test_a_captured_seed_update_clips_and_skips_each_seed_alone() -> None:
+    data = seed_batches(4, seed=3)
+    poisoned = data[2][1].clone()
+    poisoned[1, 5, 0] = float("nan")
+    runs = {}
+    for name, poison in (("clean", False), ("poisoned", True)):
+        body = seed_body(StackedMLP())
+        graph, static_inputs, static_targets = captured(body, *data[0])
+        history = []
+        for update, (inputs, targets) in enumerate(data):
+            static_inputs.copy_(inputs)
+            static_targets.copy_(poisoned if poison and update == 2 else targets)
+            graph.replay()
+            history.append([p.detach().clone() for p in body.parameters])
+        torch.cuda.synchronize()
+        runs[name] = (body, history)
+    eager = seed_body(StackedMLP())
+    for inputs, targets in data:
+        eager(inputs, targets)
+    clean_body, clean = runs["clean"]
+    body, guarded = runs["poisoned"]
+    assert body.guard is not None and clean_body.guard is not None
+    assert body.guard.skipped.tolist() == [0, 1, 0]
+    assert clean_body.guard.skipped.tolist() == [0, 0, 0]
+    gradient_transform = clean_body.gradient_transform
+    assert isinstance(gradient_transform, GradNormClip)
+    assert gradient_transform.norm.shape == (SEEDS,)
+    assert (gradient_transform.norm[1:] > 5.0).all()  # the clip was active
+    for update in range(4):
+        for a, b in zip(clean[update], guarded[update], strict=True):
+            assert torch.equal(a[[0, 2]], b[[0, 2]]), update  # the other seeds, to the bit
+    for a, b in zip(guarded[1], guarded[2], strict=True):
+        assert torch.equal(a[1], b[1])  # the bad seed's update was undone
+    for p, q in zip(clean_body.parameters, eager.parameters, strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)  # the graph is the eager twin
