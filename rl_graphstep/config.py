@@ -47,7 +47,15 @@ class Config:
 
     env_id: str = option("Pendulum-v1", "gymnasium environment id")
     algo: str = option("sac", f"algorithm, one of {', '.join(ALGORITHMS)}")
-    seed: int = option(1, "seed of python, numpy, torch and the environments")
+    seed: int = option(1, "seed of python, numpy, torch and the environments (with "
+                       "--num-seeds, the group's first seed)")
+    num_seeds: int = option(
+        1, "train this many seeds, --seed to --seed + N - 1, in one process and one update "
+        "each step (1: the single run); with --seeds, the count of those"
+    )
+    seeds: tuple[int, ...] | None = option(
+        None, "the group's seeds, e.g. 3 5 7, instead of --seed and --num-seeds"
+    )
     total_timesteps: int = option(1_000_000, "environment steps of the whole run")
     device: str = option("auto", "where to train: auto (cuda if available), cpu or cuda")
     graph: str = option("auto", "captured CUDA-graph updates: auto (on with cuda), on or off")
@@ -141,15 +149,46 @@ class Config:
             problem = value_problem(f.name, getattr(self, f.name))
             if problem:
                 raise ConfigError(f"{flag_of(f.name)} {problem}")
+        if self.seeds is not None and self.num_seeds == 1:
+            # num_seeds is always the group's size K, however the seeds were given.
+            object.__setattr__(self, "num_seeds", len(self.seeds))
+        problem = _seeds_problem(self)
+        if problem:
+            raise ConfigError(problem)
         if self.autotune and self.alpha == 0:
             raise ConfigError("--alpha must be > 0 with --autotune (it starts log(alpha)), got 0.0")
         problem = _learning_problem(self)
         if problem:
             raise ConfigError(problem)
 
+    @property
+    def seed_list(self) -> tuple[int, ...]:
+        """The seeds of the run, one for a single run: ``--seeds`` as given, else ``--seed``
+        to ``--seed + --num-seeds - 1``. Their count is ``num_seeds``."""
+        return group_seeds(self.seed, self.num_seeds, self.seeds)
+
     def __hash__(self) -> int:
         # The generated hash would fail on the kwargs dicts; hash a frozen copy of every value.
         return hash(tuple(_freeze(getattr(self, f.name)) for f in dataclasses.fields(self)))
+
+
+def group_seeds(seed: int, num_seeds: int, seeds: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The seeds that ``seed``, ``num_seeds`` and ``seeds`` name (see Config.seed_list)."""
+    return tuple(seeds) if seeds is not None else tuple(range(seed, seed + num_seeds))
+
+
+def _seeds_problem(cfg: Config) -> str | None:
+    """What the seed settings together get wrong: a count and a list that disagree, or a
+    count that runs past the largest seed."""
+    if cfg.seeds is not None and cfg.num_seeds != len(cfg.seeds):
+        return (f"--seeds {' '.join(map(str, cfg.seeds))} and --num-seeds {cfg.num_seeds} "
+                "cannot both be given: --seeds lists the group's seeds, --num-seeds N runs "
+                "--seed to --seed + N - 1")
+    last = cfg.seed + cfg.num_seeds - 1
+    if cfg.seeds is None and last > SEED_MAX:
+        return (f"--num-seeds {cfg.num_seeds} from --seed {cfg.seed} runs seeds up to {last}, "
+                f"above {SEED_MAX} (2**32 - 1, numpy's seed range); lower --seed")
+    return None
 
 
 def _learning_problem(cfg: Config) -> str | None:
@@ -220,6 +259,7 @@ _POSITIVE_INTS = (
     "checkpoint_every",
     "keep_checkpoints",
     "nonfinite_limit",
+    "num_seeds",
 )
 CHOICES: dict[str, tuple[str, ...]] = {
     "algo": tuple(ALGORITHMS), "device": DEVICES, "vec_env": VEC_ENVS, "graph": SWITCH_MODES,
@@ -270,6 +310,11 @@ SEED_MAX = 2**32 - 1
 INT_MAX = 2**63 - 1
 # More environments than this is a typo: each is an object (or a process) of its own.
 MAX_NUM_ENVS = 4096
+# The largest seed group: each seed is one more copy of the networks, optimizer state and
+# replay buffer on the device and one more set of environments stepped by the host, and past
+# about 64 seeds one batched update costs as much as several processes would (an H200 probe
+# of a SAC-shaped update: 1.6x the time of one seed at 8 seeds, 6x at 64).
+MAX_SEEDS = 64
 _STRINGS = ("env_id", "log_dir", "run_name", "resume", "actor", "critic")
 
 
@@ -282,6 +327,9 @@ def _limit_problem(name: str, value: Any) -> str | None:
         return f"must be at most {INT_MAX} (2**63 - 1), got {value}"
     if name == "num_envs" and value > MAX_NUM_ENVS:
         return f"must be at most {MAX_NUM_ENVS}, got {value}"
+    if name == "num_seeds" and value > MAX_SEEDS:
+        return (f"must be at most {MAX_SEEDS}, got {value}: past that one batched update "
+                "costs as much as several processes; split the seeds into groups")
     if name in ("policy_lr", "q_lr") and not math.isfinite(value):
         return f"must be a finite number > 0, got {value!r}"
     if name in _STRINGS and isinstance(value, str):
@@ -312,6 +360,8 @@ def value_problem(name: str, value: Any) -> str | None:
         return f"must be > 0, got {value!r}"
     if name == "alpha" and not (value >= 0 and math.isfinite(value)):
         return f"must be a finite number >= 0, got {value!r}"
+    if name == "seeds" and value is not None:
+        return _seed_list_problem(value)
     if name == "hidden_sizes" and (not value or any(w <= 0 for w in value)):
         return f"must be one or more positive ints, got {list(value)!r}"
     if name in _NOISES and not (value >= 0 and math.isfinite(value)):
@@ -321,6 +371,22 @@ def value_problem(name: str, value: Any) -> str | None:
     if name in ("env_id", "log_dir", "run_name") and value == "":
         return "must not be empty"
     return _limit_problem(name, value)
+
+
+def _seed_list_problem(seeds: tuple[int, ...]) -> str | None:
+    shown = " ".join(map(str, seeds))
+    if not seeds:
+        return "must be one or more seeds, got none"
+    if len(seeds) > MAX_SEEDS:
+        return (f"must be at most {MAX_SEEDS} seeds, got {len(seeds)}: past that one batched "
+                "update costs as much as several processes; split the seeds into groups")
+    if any(s < 0 or s > SEED_MAX for s in seeds):
+        bad = next(s for s in seeds if s < 0 or s > SEED_MAX)
+        return f"must each be in [0, {SEED_MAX}] (numpy's seed range), got {bad} in {shown}"
+    if len(set(seeds)) != len(seeds):
+        twice = next(s for s in seeds if seeds.count(s) > 1)
+        return f"must differ from each other, got {twice} twice in {shown}"
+    return None
 
 
 # ----------------------------------------------------------------------------- typed values
@@ -375,7 +441,9 @@ def _coerce(name: str, value: Any) -> Any:
             if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
                 raise TypeError
             return dict(value)
-        # tuple[int, ...]
+        # tuple[int, ...], or None where the field allows it
+        if value is None and kind != tuple[int, ...]:
+            return None
         if not isinstance(value, (list, tuple)):
             raise TypeError
         return tuple(_as_int(v) for v in value)
@@ -383,7 +451,9 @@ def _coerce(name: str, value: Any) -> Any:
         if kind == dict[str, Any]:
             what = "a mapping of keyword arguments (string keys), e.g. {width: 128}"
         else:
-            fallback = "a string or null" if kind == str | None else "a list of ints"
+            fallback = {str | None: "a string or null",
+                        tuple[int, ...] | None: "a list of ints or null"}.get(
+                            kind, "a list of ints")
             what = expected.get(kind, fallback)
         raise ConfigError(f"{name} must be {what}, got {value!r}") from None
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TextIO
 
 import numpy as np
 from tqdm import tqdm
 
+from rl_graphstep.aggregate import group_returns, seed_means
 from rl_graphstep.nonfinite import describe_updates
+from rl_graphstep.rundir import seeds_label
 
 # Without a terminal, one progress line at most this often (at a log step): a 1M-step run at
 # 2,600 steps/s logs every 0.4 s, which would bury the log file in lines.
@@ -81,11 +83,35 @@ def progress_line(step: int, total: int, sps: float | None, mean_return: float |
                   eta: float | None, learning: bool = True) -> str:
     """``step 12000/50000 (24%) | 2,610 steps/s | return -143.2 | eta 14 s`` (the mean return
     of the last 10 episodes; before ``learning``, no ETA but a note that it has not started)."""
+    shown = None if mean_return is None else f"return {mean_return:.1f}"
+    return _line(step, total, sps, shown, eta, learning)
+
+
+def group_progress_line(step: int, total: int, sps: float | None,
+                        recent: Sequence[Sequence[float]], eta: float | None,
+                        learning: bool = True) -> str:
+    """A seed group's :func:`progress_line`: ``... | 14,020 steps/s | return mean -143.2, min
+    -180.5 | ...``, the mean and the lowest of the seeds' mean recent returns (over the seeds
+    that have finished an episode)."""
+    return _line(step, total, sps, _group_returns(recent)[0], eta, learning)
+
+
+def _group_returns(recent: Sequence[Sequence[float]]) -> tuple[str | None, dict[str, str]]:
+    """The group's returns as the line and the bar's postfix show them (None, {}: none yet)."""
+    means = [m for m in seed_means(recent) if m is not None]
+    if not means:
+        return None, {}
+    mean, low = float(np.mean(means)), min(means)
+    return f"return mean {mean:.1f}, min {low:.1f}", {"ret": f"{mean:.1f}", "min": f"{low:.1f}"}
+
+
+def _line(step: int, total: int, sps: float | None, returns: str | None, eta: float | None,
+          learning: bool) -> str:
     parts = [f"step {step}/{total} ({100 * step / total:.0f}%)"]
     if sps is not None:
         parts.append(f"{sps:,.0f} steps/s")
-    if mean_return is not None:
-        parts.append(f"return {mean_return:.1f}")
+    if returns is not None:
+        parts.append(returns)
     if eta is not None:
         parts.append(f"eta {format_duration(eta)}")
     elif not learning:
@@ -137,23 +163,32 @@ class ProgressDisplay:
 
     def report(self, step: int, recent_returns: Iterable[float]) -> None:
         """At a log step: the bar's postfix, or a line when one is due."""
+        returns = list(recent_returns)
+        mean_return = float(np.mean(returns)) if returns else None
+        if mean_return is None:
+            self._report(step, None, {})
+        else:
+            self._report(step, f"return {mean_return:.1f}", {"ret": f"{mean_return:.1f}"})
+
+    def report_group(self, step: int, recent: Sequence[Sequence[float]]) -> None:
+        """:meth:`report` for a seed group, from each seed's recent returns: the mean and
+        the lowest of the seeds' means (see :func:`group_progress_line`)."""
+        self._report(step, *_group_returns(recent))
+
+    def _report(self, step: int, returns: str | None, returns_postfix: dict[str, str]) -> None:
         now = self.clock()
         if self.lines and now - self.last_line < LINE_SECONDS:
             return  # the window keeps running until the next line
         if not self.lines and self.bar.disable:
             return
-        returns = list(recent_returns)
-        mean_return = float(np.mean(returns)) if returns else None
         sps = self.window.read(step, now)
         eta = eta_seconds(step, self.total, self.learning, now, sps, self.random_only)
         if self.lines:
             self.last_line = now
-            self.write(progress_line(step, self.total, sps, mean_return, eta,
-                                     learning=self.learning is not None or self.random_only))
+            self.write(_line(step, self.total, sps, returns, eta,
+                             learning=self.learning is not None or self.random_only))
             return
-        postfix: dict[str, str] = {}
-        if mean_return is not None:
-            postfix["ret"] = f"{mean_return:.1f}"
+        postfix = dict(returns_postfix)
         if sps is not None:
             postfix["sps"] = f"{sps:.0f}"
         if eta is not None:
@@ -166,13 +201,34 @@ def done_line(summary: Mapping[str, Any]) -> str:
     phase's (the whole run's counts the random warm-up and the build), and the log folder.
     Built from a list of parts, so more can be added."""
     ret = summary["mean_return_last_10"]
+    return _done(summary, f"mean return of the last 10: {'n/a' if ret is None else f'{ret:.1f}'}",
+                 None)
+
+
+def group_done_line(summary: Mapping[str, Any]) -> str:
+    """A seed group's :func:`done_line`: the steps (each seed's), all seeds' episodes, the
+    rates of the whole group, then each seed's mean return of its last 10 episodes and the
+    IQM over the seeds with its 95% bootstrap band: ``...; seeds 1-8 mean return of the last
+    10: 1: -150.2, 2: -148.1, ..., IQM -148.0 [95% -160.1, -140.3]; ...``. ``summary`` holds
+    ``seeds`` and ``recent_returns`` (each seed's last 10 returns) beside done_line's keys."""
+    seeds, recent = tuple(summary["seeds"]), summary["recent_returns"]
+    each = ", ".join(f"{seed}: {'n/a' if m is None else f'{m:.1f}'}"
+                     for seed, m in zip(seeds, seed_means(recent), strict=True))
+    stats = group_returns(recent)
+    iqm_text = ("IQM n/a (a seed has no finished episode)" if stats is None else
+                f"IQM {stats['iqm']:.1f} [95% {stats['iqm_low']:.1f}, {stats['iqm_high']:.1f}]")
+    return _done(summary, None, f"seeds {seeds_label(seeds)} mean return of the last 10: "
+                 f"{each}, {iqm_text}")
+
+
+def _done(summary: Mapping[str, Any], returns: str | None, group: str | None) -> str:
     rate = f"{summary['sps']:,.0f} steps/s"
     if summary.get("learning_sps") is not None:
         rate += (f" (learning phase {summary['learning_sps']:,.0f} steps/s; updates built in "
                  f"{summary['build_seconds']:.1f} s)")
     parts = [f"{summary['global_step']} steps", f"{summary['episodes']} episodes",
-             f"mean return of the last 10: {'n/a' if ret is None else f'{ret:.1f}'}", rate]
-    sections = [f"done: {', '.join(parts)}"]
+             *([returns] if returns is not None else []), rate]
+    sections = [f"done: {', '.join(parts)}", *([group] if group is not None else [])]
     if "skipped_transitions" in summary:
         sections.append(f"skipped {summary['skipped_transitions']:,} non-finite transitions, "
                         f"{describe_updates(summary['updates'])}")

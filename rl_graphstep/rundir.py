@@ -28,12 +28,31 @@ LOCK_FILE = ".lock"
 
 
 def run_name(cfg: Config) -> str:
-    """`cfg.run_name`, or CleanRL's `{env_id}__{algo}__{seed}__{unix time}`."""
+    """`cfg.run_name`, or CleanRL's `{env_id}__{algo}__{seed}__{unix time}`; a seed group's
+    `{env_id}__{algo}__seeds_{seeds_label}__{unix time}`."""
     if cfg.run_name:
         return cfg.run_name
     # A namespaced id ("ALE/Pong-v5") would otherwise nest the run one folder deeper.
     env = cfg.env_id.replace("/", "-")
-    return f"{env}__{cfg.algo}__{cfg.seed}__{int(time.time())}"
+    seeds = cfg.seed_list
+    seed = f"seeds_{seeds_label(seeds)}" if len(seeds) > 1 else str(seeds[0])
+    return f"{env}__{cfg.algo}__{seed}__{int(time.time())}"
+
+
+# A group's seeds spelled out in its folder name up to this many characters.
+_LABEL_MAX = 60
+
+
+def seeds_label(seeds: tuple[int, ...]) -> str:
+    """``1-8`` for a run of consecutive seeds, ``3_5_7`` for others; a list too long for a
+    folder name: ``3_5_and_62_more``."""
+    first, last = seeds[0], seeds[-1]
+    if len(seeds) > 1 and seeds == tuple(range(first, last + 1)):
+        return f"{first}-{last}"
+    label = "_".join(map(str, seeds))
+    if len(label) <= _LABEL_MAX:
+        return label
+    return f"{seeds[0]}_{seeds[1]}_and_{len(seeds) - 2}_more"
 
 
 # The longest file name most file systems take (ext4, XFS, APFS, NTFS: 255 bytes).

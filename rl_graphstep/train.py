@@ -100,6 +100,9 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
     is trained in place; ``cfg.seed`` seeds everything else, so two calls repeat each other
     when each builds its module after the same ``torch.manual_seed``.
     """
+    if cfg.num_seeds > 1:  # the seed group's config exists; its learner does not yet
+        raise ConfigError("--num-seeds above 1 is not supported yet (nor --seeds with more "
+                          "than one seed); train one seed per process")
     try:
         device = resolve_device(cfg)
         # The run folder's lock (see own_run_dir) is released when the run ends in any way.

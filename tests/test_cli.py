@@ -132,6 +132,13 @@ BAD_TRAIN_INPUTS = [
     (["--critic", "nets.py:NotModule"], "is not a torch.nn.Module subclass"),
     (["--actor", "bad_syntax.py:X"], "SyntaxError: invalid syntax"),
     (["--actor", "raises_on_import:X"], "RuntimeError: boom at import (at "),
+    # The seed group: bad input, and a group before its learner exists.
+    (["--num-seeds", "0"], "error: --num-seeds must be a positive int, got 0\n"),
+    (["--num-seeds", "3", "--seeds", "1", "2", "3"],
+     "--seeds and --num-seeds cannot both be given"),
+    (["--seeds", "3", "5", "3"], "--seeds must differ from each other, got 3 twice in 3 5 3"),
+    (["--num-seeds", "2"], "error: --num-seeds above 1 is not supported yet"),
+    (["--seeds", "3", "5"], "error: --num-seeds above 1 is not supported yet"),
 ]
 
 
@@ -186,6 +193,20 @@ def test_resume_with_other_networks_names_the_flag(
     assert f"the networks of {small_run} do not match the ones this run builds" in err
     assert message in err
     assert {p.name: p.read_bytes() for p in (small_run / "checkpoints").iterdir()} == before
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--num-seeds", "2"], "--num-seeds 2 does not match: the resumed run has 1 seed (1), and "
+                           "a run resumes with its own seeds; drop --num-seeds"),
+    (["--seeds", "1", "2"], "--seeds 1 2 does not match: the resumed run has 1 seed (1)"),
+])
+def test_a_resume_with_another_group_size_is_one_line(
+        small_run: Path, args: list[str], message: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    before = sorted(p.relative_to(small_run) for p in small_run.rglob("*"))
+    code = train.main(["--resume", str(small_run), "--total-timesteps", "400", *args])
+    assert message in one_line_error(capsys, code)
+    assert sorted(p.relative_to(small_run) for p in small_run.rglob("*")) == before
 
 
 @pytest.mark.parametrize(

@@ -221,3 +221,64 @@ def test_the_command_line_readers_stay_importable_from_config() -> None:
     assert config.command_line_values is flags.command_line_values
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         config.nope  # noqa: B018
+
+
+# ----------------------------------------------------------------------------- seed groups
+
+
+def test_the_seed_list_of_a_single_run_a_count_and_a_list() -> None:
+    assert Config(seed=4).seed_list == (4,)
+    assert Config(seed=4, num_seeds=3).seed_list == (4, 5, 6)
+    listed = Config(seeds=[3, 5, 7])
+    # num_seeds is the group's size however it was given; the list keeps its order.
+    assert (listed.seed_list, listed.num_seeds, listed.seeds) == ((3, 5, 7), 3, (3, 5, 7))
+    assert Config(seeds=[7, 3]).seed_list == (7, 3)
+
+
+def test_a_seed_group_round_trips_and_stays_hashable() -> None:
+    cfg = Config(seeds=[3, 5, 7])
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+    assert config_to_dict(cfg)["seeds"] == [3, 5, 7]
+    assert hash(cfg) == hash(Config(seeds=(3, 5, 7)))
+    # A saved run from before the seed group has neither key: a single run.
+    old = {k: v for k, v in config_to_dict(Config()).items() if k not in ("num_seeds", "seeds")}
+    assert config_from_dict(old).seed_list == (1,)
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"num_seeds": 0}, "--num-seeds must be a positive int, got 0"),
+    ({"num_seeds": -2}, "--num-seeds must be a positive int, got -2"),
+    ({"num_seeds": 65}, "--num-seeds must be at most 64, got 65: past that one batched update"),
+    ({"seeds": []}, "--seeds must be one or more seeds, got none"),
+    ({"seeds": [3, 5, 3]}, "--seeds must differ from each other, got 3 twice in 3 5 3"),
+    ({"seeds": [1, -1]}, "--seeds must each be in [0, 4294967295] (numpy's seed range), got -1"),
+    ({"seeds": [2**32]}, "--seeds must each be in [0, 4294967295] (numpy's seed range), got "
+                         "4294967296"),
+    ({"seeds": list(range(65))}, "--seeds must be at most 64 seeds, got 65"),
+    ({"seeds": [3, 5], "num_seeds": 3}, "--seeds 3 5 and --num-seeds 3 cannot both be given"),
+    ({"seed": 2**32 - 2, "num_seeds": 3},
+     "--num-seeds 3 from --seed 4294967294 runs seeds up to 4294967296, above 4294967295"),
+])
+def test_bad_seed_groups_are_one_line(values: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Config(**values)  # type: ignore[arg-type]
+    assert str(info.value).startswith(message)
+    assert "\n" not in str(info.value)
+
+
+def test_the_largest_groups_and_seeds_are_allowed() -> None:
+    assert Config(seed=2**32 - 2, num_seeds=2).seed_list == (2**32 - 2, 2**32 - 1)
+    assert len(Config(num_seeds=64).seed_list) == 64
+    assert Config(seeds=[0, 2**32 - 1]).num_seeds == 2
+    assert Config(seeds=[3, 5, 7], num_seeds=3).seed_list == (3, 5, 7)  # they agree
+
+
+def test_seed_groups_from_yaml(tmp_path: Path) -> None:
+    assert load_config(["--config", write(tmp_path, "seeds: [3, 5, 7]\n")]).seed_list == (3, 5, 7)
+    assert load_config(["--config", write(tmp_path, "num_seeds: 2\nseed: 4\n")]).seed_list == (
+        4, 5)
+    with pytest.raises(ConfigError, match=r"seeds must be a list of ints or null, got 3 in"):
+        load_config(["--config", write(tmp_path, "seeds: 3\n")])
+    with pytest.raises(ConfigError, match=r"^seeds must differ from each other, got 1 twice in "
+                                          r"1 1 in .*x\.yaml$"):
+        load_config(["--config", write(tmp_path, "seeds: [1, 1]\n")])

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import pytest
 
+from rl_graphstep.aggregate import bootstrap_interval, iqm
 from rl_graphstep.console import (
     ProgressDisplay,
     RateWindow,
     done_line,
     eta_seconds,
     format_duration,
+    group_done_line,
+    group_progress_line,
     progress_line,
 )
 
@@ -122,3 +125,60 @@ def test_the_final_line_gives_both_rates() -> None:
     summary.update(learning_sps=None, mean_return_last_10=None)
     assert done_line(summary) == ("done: 25000 steps, 25 episodes, mean return of the last "
                                   "10: n/a, 510 steps/s; logs in runs/x")
+
+
+# ----------------------------------------------------------------------------- seed groups
+
+GROUP_RECENT = [[-150.0, -140.0], [-300.0], [-120.0, -130.0, -110.0]]  # means -145, -300, -120
+
+
+def test_a_groups_line_gives_the_seeds_mean_and_min_return() -> None:
+    assert group_progress_line(12_000, 50_000, 14_020.0, GROUP_RECENT, 14.0) == (
+        "step 12000/50000 (24%) | 14,020 steps/s | return mean -188.3, min -300.0 | eta 14 s")
+    # Only the seeds that have finished an episode; none yet: no return at all.
+    assert group_progress_line(3000, 50_000, 9800.0, [[-10.0], []], None) == (
+        "step 3000/50000 (6%) | 9,800 steps/s | return mean -10.0, min -10.0")
+    assert group_progress_line(3000, 50_000, 9800.0, [[], []], None, learning=False) == (
+        "step 3000/50000 (6%) | 9,800 steps/s | learning not started")
+
+
+def test_a_groups_bar_and_lines(capsys: pytest.CaptureFixture[str]) -> None:
+    clock = FakeClock()
+    with ProgressDisplay(50_000, 0, enabled=True, learning_starts=1000, terminal=True,
+                         clock=clock) as bar:
+        clock.now = 30.0
+        bar.start_learning(1000)
+        clock.now = 32.0
+        bar.update(6000)
+        bar.report_group(6000, GROUP_RECENT)
+        assert bar.bar.postfix == "ret=-188.3, min=-300.0, sps=2500, eta=18 s"
+    capsys.readouterr()
+    with ProgressDisplay(50_000, 0, enabled=True, learning_starts=0, terminal=False,
+                         clock=clock) as bar:
+        clock.now += 20.0
+        bar.start_learning(0)
+        clock.now += 10.0
+        bar.report_group(5000, GROUP_RECENT)
+    assert capsys.readouterr().out.splitlines() == [
+        "step 5000/50000 (10%) | 500 steps/s | return mean -188.3, min -300.0 | eta 1 min 30 s"]
+
+
+GROUP_SUMMARY = {"global_step": 25_000, "episodes": 375, "sps": 9_000.4,
+                 "learning_sps": 12_010.0, "build_seconds": 40.0, "run_dir": "runs/g",
+                 "seeds": (1, 2, 3), "recent_returns": GROUP_RECENT}
+
+
+def test_a_groups_final_line_gives_each_seed_and_the_iqm() -> None:
+    low, high = bootstrap_interval([-145.0, -300.0, -120.0], iqm)
+    assert group_done_line(GROUP_SUMMARY) == (
+        "done: 25000 steps, 375 episodes, 9,000 steps/s (learning phase 12,010 steps/s; "
+        "updates built in 40.0 s); seeds 1-3 mean return of the last 10: 1: -145.0, "
+        f"2: -300.0, 3: -120.0, IQM -188.3 [95% {low:.1f}, {high:.1f}]; logs in runs/g")
+    summary = {**GROUP_SUMMARY, "seeds": (3, 5, 7), "recent_returns": [[-1.0], [], [-2.0]],
+               "learning_sps": None, "skipped_transitions": 0,
+               "updates": {"critic": (0, 100), "actor": (0, 50)}}
+    line = group_done_line(summary)
+    assert line.startswith("done: 25000 steps, 375 episodes, 9,000 steps/s; seeds 3_5_7 mean "
+                           "return of the last 10: 3: -1.0, 5: n/a, 7: -2.0, IQM n/a (a seed "
+                           "has no finished episode); skipped 0 non-finite transitions, ")
+    assert "\n" not in line and line.endswith("; logs in runs/g")

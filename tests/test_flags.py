@@ -4,6 +4,7 @@ errors for bad flags and removed ones."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -290,3 +291,60 @@ def test_vec_env_from_flag_and_yaml(tmp_path: Path) -> None:
     path = write(tmp_path, "vec_env: async\n")
     assert load_config(["--config", path]).vec_env == "async"
     assert load_config(["--config", path, "--vec-env", "sync"]).vec_env == "sync"
+
+
+def test_seed_group_flags() -> None:
+    assert load_config(["--num-seeds", "8"]).seed_list == tuple(range(1, 9))
+    assert load_config(["--seed", "10", "--num-seeds", "3"]).seed_list == (10, 11, 12)
+    assert load_config(["--seeds", "3", "5", "7"]).seed_list == (3, 5, 7)
+    single = load_config(["--seed", "4"])  # --seed keeps its meaning for a single run
+    assert (single.seed_list, single.num_seeds, single.seeds) == ((4,), 1, None)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--num-seeds", "0"], "--num-seeds must be a positive int, got 0"),
+    (["--num-seeds", "-1"], "--num-seeds must be a positive int, got -1"),
+    (["--seeds", "3", "--num-seeds", "1"], "--seeds and --num-seeds cannot both be given"),
+    (["--num-seeds", "2", "--seeds", "3", "4"], "--seeds and --num-seeds cannot both be given"),
+    (["--seeds", "3", "--seed", "3"], "--seed and --seeds cannot both be given"),
+    (["--seeds", "3", "5", "3"], "--seeds must differ from each other, got 3 twice"),
+    (["--seeds"], "--seeds needs one or more values"),
+    (["--seeds", "x"], "--seeds must be an int, got 'x'"),
+    (["--num-seeds", "100"], "--num-seeds must be at most 64, got 100"),
+])
+def test_bad_seed_flags_are_one_line(argv: list[str], message: str) -> None:
+    one_line_error(argv, re.escape(message))
+
+
+def _saved(**values: object) -> dict[str, object]:
+    return config_to_dict(Config(**values))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("saved", "argv", "message"), [
+    ({"num_seeds": 3}, ["--num-seeds", "4"], "--num-seeds 4 does not match: the resumed run "
+     "has 3 seeds (1 2 3), and a run resumes with its own seeds; drop --num-seeds"),
+    ({}, ["--num-seeds", "2"], "--num-seeds 2 does not match: the resumed run has 1 seed (1)"),
+    ({"seeds": (3, 5, 7)}, ["--seeds", "3", "5"], "--seeds 3 5 does not match: the resumed run "
+     "has 3 seeds (3 5 7)"),
+    ({"seeds": (3, 5, 7)}, ["--seeds", "3", "7", "5"], "--seeds 3 7 5 does not match"),
+    ({"num_seeds": 3}, ["--seed", "2"], "--seed 2 does not match: the resumed run has 3 seeds "
+     "(1 2 3)"),
+])
+def test_a_resume_with_other_seeds_is_one_line(saved: dict[str, object], argv: list[str],
+                                               message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(argv, base=_saved(**saved))
+    assert str(info.value) == message if message.endswith("--num-seeds") else (
+        str(info.value).startswith(message))
+
+
+@pytest.mark.parametrize(("saved", "argv", "seeds"), [
+    ({"num_seeds": 3}, ["--num-seeds", "3"], (1, 2, 3)),
+    ({"seeds": (3, 5, 7)}, ["--num-seeds", "3"], (3, 5, 7)),
+    ({"seeds": (3, 5, 7)}, ["--seeds", "3", "5", "7"], (3, 5, 7)),
+    ({"seeds": (3, 5, 7)}, ["--total-timesteps", "20000"], (3, 5, 7)),
+    ({}, ["--seed", "2"], (2,)),  # a single run: as before the seed group
+])
+def test_a_resume_with_its_own_seeds_goes_on(saved: dict[str, object], argv: list[str],
+                                             seeds: tuple[int, ...]) -> None:
+    assert load_config(argv, base=_saved(**saved)).seed_list == seeds

@@ -125,3 +125,17 @@ def test_markdown_table_has_the_new_keys() -> None:
     assert '| actor_kwargs | {"width": 64} |' in table
     assert "| critic_kwargs | {} |" in table
     assert "| exploration_noise | 0.1 |" in table
+
+
+def test_metric_sums_of_a_seed_group_keep_one_mean_per_seed() -> None:
+    sums = MetricSums(shape=(3,))
+    sums.add({"losses/critic": torch.tensor([1.0, 10.0, 100.0])})
+    sums.add({"losses/critic": torch.tensor([3.0, 30.0, 300.0]),
+              "losses/actor": torch.tensor([-1.0, 0.0, 1.0])})
+    assert sums.take_rows() == {"losses/critic": [2.0, 20.0, 200.0],
+                                "losses/actor": [-1.0, 0.0, 1.0]}
+    assert sums.take_rows() == {}
+    with pytest.raises(ValueError, match=r"must be of shape \(3,\), got torch.Size\(\[2\]\)"):
+        sums.add({"x": torch.ones(2)})
+    with pytest.raises(ValueError, match="take_rows needs sums of shape"):
+        MetricSums().take_rows()

@@ -14,7 +14,7 @@ import pytest
 from rl_graphstep import rundir
 from rl_graphstep.config import Config
 from rl_graphstep.errors import RLGraphstepError, RunFolderError
-from rl_graphstep.rundir import RunLock, claim_run_dir, run_name
+from rl_graphstep.rundir import RunLock, claim_run_dir, run_name, seeds_label
 
 
 @pytest.fixture
@@ -128,3 +128,20 @@ def test_a_lock_file_removed_after_it_was_opened_is_not_trusted(
         assert os.stat(owner.path).st_ino == calls[1]
         monkeypatch.setattr(rundir.fcntl, "flock", flock)
         assert "in use by another training" in lock_error(in_tmp)
+
+
+def test_a_seed_groups_name_holds_its_seeds() -> None:
+    name = run_name(Config(env_id="Pendulum-v1", num_seeds=8))
+    assert name.startswith("Pendulum-v1__sac__seeds_1-8__") and name.split("__")[-1].isdigit()
+    assert run_name(Config(seeds=[3, 5, 7])).startswith("Pendulum-v1__sac__seeds_3_5_7__")
+    assert run_name(Config(seeds=[8, 7])).startswith("Pendulum-v1__sac__seeds_8_7__")
+    # One seed given as a list is the single run's name, with that seed.
+    assert run_name(Config(seeds=[9])).startswith("Pendulum-v1__sac__9__")
+    assert run_name(Config(seeds=[9], run_name="mine")) == "mine"
+
+
+def test_a_long_seed_list_is_shortened_in_the_name() -> None:
+    assert seeds_label(tuple(range(1, 65))) == "1-64"
+    many = tuple(range(10**9, 10**9 + 40, 2))
+    assert seeds_label(many) == f"{10**9}_{10**9 + 2}_and_18_more"
+    assert len(run_name(Config(seeds=many))) < 100

@@ -1,0 +1,98 @@
+"""The seed group's statistics: the interquartile mean as rliable (scipy's trim_mean) defines
+it, the percentile bootstrap over seeds, and what a log step reports."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rl_graphstep.aggregate import bootstrap_interval, group_returns, iqm, seed_means
+
+
+@pytest.mark.parametrize(("values", "expected"), [
+    ([5.0], 5.0),
+    ([1.0, 2.0, 9.0], 4.0),  # fewer than 4: nothing is cut
+    ([4.0, 1.0, 3.0, 100.0], (3.0 + 4.0) / 2),  # one cut from each end
+    ([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], (3 + 4 + 5 + 6) / 4),
+    ([-10.0, 1.0, 2.0, 3.0, 1000.0], 2.0),  # 5 values: floor(1.25) = 1 cut each end
+    ([7.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0], (2 + 3 + 4 + 5 + 6) / 5),  # 7: one each end
+])
+def test_iqm_is_the_mean_of_the_middle_half(values: list[float], expected: float) -> None:
+    assert iqm(values) == pytest.approx(expected, abs=1e-12)
+
+
+def test_iqm_along_an_axis_reduces_each_row() -> None:
+    rows = np.array([[1.0, 2.0, 3.0, 4.0], [40.0, 10.0, 30.0, 20.0]])
+    np.testing.assert_allclose(iqm(rows, axis=-1), [2.5, 25.0])
+    np.testing.assert_allclose(iqm(rows.T, axis=0), [2.5, 25.0])
+    assert iqm(rows) == pytest.approx(np.mean([3.0, 4.0, 10.0, 20.0]))  # all 8 values
+    with pytest.raises(ValueError, match="no values"):
+        iqm([])
+
+
+def test_iqm_matches_scipy_trim_mean() -> None:
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(3)
+    for n in range(1, 70):
+        values = rng.normal(size=n) * 100
+        assert iqm(values) == pytest.approx(stats.trim_mean(values, 0.25), rel=1e-12, abs=1e-12)
+
+
+def _hand_bootstrap(values: np.ndarray, statistic, confidence: float, resamples: int,
+                    seed: int) -> tuple[float, float]:
+    """The percentile bootstrap written out one resample at a time."""
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(values), size=(resamples, len(values)))
+    stats = sorted(float(statistic(values[row])) for row in draws)
+    tail = (1 - confidence) / 2
+    return float(np.quantile(stats, tail)), float(np.quantile(stats, 1 - tail))
+
+
+@pytest.mark.parametrize("statistic", [iqm, np.mean], ids=["iqm", "mean"])
+def test_the_bootstrap_is_the_percentile_interval_of_the_resamples(statistic) -> None:
+    values = np.array([-150.2, -148.0, -160.1, -140.3, -155.5, -120.0, -139.9, -171.4])
+    got = bootstrap_interval(values, statistic, rng=np.random.default_rng(7))
+    want = _hand_bootstrap(values, statistic, 0.95, 2000, seed=7)
+    assert got == pytest.approx(want, abs=1e-9)
+    low, high = got
+    assert low < float(statistic(values)) < high
+    narrow = bootstrap_interval(values, statistic, confidence=0.5, rng=np.random.default_rng(7))
+    assert low < narrow[0] < narrow[1] < high
+
+
+def test_the_bootstrap_band_is_a_function_of_the_values() -> None:
+    values = [1.0, 5.0, 2.0, 8.0, 3.0]
+    assert bootstrap_interval(values) == bootstrap_interval(list(values))  # a fixed stream
+    assert bootstrap_interval([4.0, 4.0, 4.0]) == (4.0, 4.0)
+    assert bootstrap_interval([-3.0]) == (-3.0, -3.0)  # one seed: no spread to resample
+    with pytest.raises(ValueError, match="confidence"):
+        bootstrap_interval(values, confidence=1.0)
+    with pytest.raises(ValueError, match="no values"):
+        bootstrap_interval([])
+
+
+def test_the_mean_bootstrap_covers_like_the_normal_interval() -> None:
+    """Many seeds of a normal return: the mean's band is about +-1.96 standard errors."""
+    values = np.random.default_rng(0).normal(size=64)
+    low, high = bootstrap_interval(values, np.mean, resamples=20_000)
+    half = 1.96 * values.std() / np.sqrt(values.size)
+    assert (high - low) / 2 == pytest.approx(half, rel=0.05)
+
+
+def test_a_log_step_reports_the_seeds_means() -> None:
+    recent = [[-100.0, -110.0], [-200.0], [-150.0, -160.0, -170.0], [-120.0]]
+    assert seed_means(recent) == [-105.0, -200.0, -160.0, -120.0]
+    got = group_returns(recent)
+    assert got is not None
+    means = np.array([-105.0, -200.0, -160.0, -120.0])
+    assert got["mean"] == pytest.approx(means.mean())
+    assert got["min"] == -200.0
+    assert got["iqm"] == pytest.approx((-120.0 - 160.0) / 2)
+    assert (got["iqm_low"], got["iqm_high"]) == bootstrap_interval(means)
+    assert got["iqm_low"] <= got["iqm"] <= got["iqm_high"]
+
+
+def test_no_group_statistics_until_every_seed_has_an_episode() -> None:
+    assert group_returns([[-100.0], []]) is None
+    assert group_returns([]) is None
+    assert seed_means([[1.0], []]) == [1.0, None]
