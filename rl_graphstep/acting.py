@@ -249,6 +249,23 @@ def behaviour_copy(actor: nn.Module) -> tuple[nn.Module, tuple[list[Tensor], lis
                        [*actor.parameters(), *actor.buffers()])
 
 
+class PerSeedPolicy:
+    """A policy of K seeds (networks batched on a leading seed dimension) acting on the pipe's
+    flat rows: rows k*n .. k*n+n-1 are seed k's n envs, and so are the noise and the actions."""
+
+    def __init__(self, policy: Policy, seeds: int) -> None:
+        self.policy = policy
+        self.seeds = seeds
+
+    def __call__(self, observations: Tensor, noise: Tensor | None = None) -> Tensor:
+        by_seed = observations.reshape(self.seeds, -1, observations.shape[-1])
+        if noise is None:
+            actions = self.policy(by_seed)
+        else:
+            actions = self.policy(by_seed, noise.reshape(self.seeds, -1, noise.shape[-1]))
+        return actions.reshape(-1, actions.shape[-1])
+
+
 def policy_pipe(algorithm: OffPolicyAlgorithm, plan: RunPlan, num_envs: int,
                 observation_size: int, action_space: gym.spaces.Box, *,
                 staged: list[Tensor] | None = None) -> ActionPipe:
@@ -256,14 +273,22 @@ def policy_pipe(algorithm: OffPolicyAlgorithm, plan: RunPlan, num_envs: int,
     the action runs beside the updates, so it draws nothing on the device (two streams would
     share the generator's offset): its noise comes from the host, and it reads a copy of the
     actor one round of updates behind, so it waits for no update. ``staged``: a resumed run's
-    staged actor (see :meth:`ActionPipe.staged_actor`)."""
+    staged actor (see :meth:`ActionPipe.staged_actor`). ``num_envs``: all the envs, K x n
+    with K seeds."""
     if not plan.action_stream:
-        return ActionPipe(functools.partial(algorithm.explore, algorithm.actor), num_envs,
+        return ActionPipe(acting_policy(algorithm, algorithm.actor), num_envs,
                           observation_size, action_space, plan.device, use_graph=plan.graphs,
                           graph_fallback=plan.graph_fallback)
     actor, refresh = behaviour_copy(algorithm.actor)
-    return ActionPipe(functools.partial(algorithm.explore, actor), num_envs, observation_size,
+    return ActionPipe(acting_policy(algorithm, actor), num_envs, observation_size,
                       action_space, plan.device, use_graph=True,
                       graph_fallback=plan.graph_fallback,
                       noise_size=algorithm.exploration_noise_size(), refresh=refresh,
                       staged=staged)
+
+
+def acting_policy(algorithm: OffPolicyAlgorithm, actor: nn.Module) -> Policy:
+    """``algorithm.explore`` with ``actor``, on the pipe's flat rows of every seed's envs."""
+    policy = functools.partial(algorithm.explore, actor)
+    seeds = algorithm.seed_shape[0] if algorithm.seed_shape else 1
+    return policy if seeds == 1 else PerSeedPolicy(policy, seeds)

@@ -128,6 +128,7 @@ class CaptureSettings(NamedTuple):
     pool: Any
     skip_nonfinite: bool
     compile: bool
+    seeds: int
 
 
 class _AdaptationStep:
@@ -152,6 +153,7 @@ class _AdaptationStep:
         pool: Any = None,
         skip_nonfinite: bool = False,
         compile: bool = False,
+        seeds: int = 1,
     ) -> Self:
         """Build the step (each class's ``_capture`` says how).
 
@@ -159,11 +161,13 @@ class _AdaptationStep:
         step's ``pool``, to share graph memory with it (replay them in capture order);
         ``skip_nonfinite``: skip, on the device, updates whose loss or gradients are not
         finite (see :class:`~rl_graphstep.guards.NonFiniteGuard`; counts in ``self.guard``);
-        ``compile``: ``torch.compile`` the update's parts, fusing small kernels.
+        ``compile``: ``torch.compile`` the update's parts, fusing small kernels; ``seeds``:
+        K > 1 seeds stacked on a leading dimension, the loss one value per seed (see
+        :class:`~rl_graphstep.update_body.UpdateBody`).
         """
         _check_capture_arguments(optimizer, warmup_steps)
         settings = CaptureSettings(warmup_steps, gradient_transform, pool, skip_nonfinite,
-                                   compile)
+                                   compile, seeds)
         return cls._capture(module, optimizer, example_inputs, example_targets, loss_function,
                             settings)
 
@@ -209,14 +213,15 @@ class EagerAdaptationStep(_AdaptationStep):
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer,
                  static_inputs: Tensor, static_targets: Tensor, loss_function: TensorLoss, *,
                  gradient_transform: GradientTransform | None = None,
-                 skip_nonfinite: bool = False, compile: bool = False) -> None:
+                 skip_nonfinite: bool = False, compile: bool = False,
+                 seeds: int = 1) -> None:
         self.module, self.optimizer = module, optimizer
         self.static_inputs, self.static_targets = static_inputs, static_targets
-        self.static_loss = torch.zeros((), device=static_inputs.device)
-        self.guard = (NonFiniteGuard(optimizer, static_inputs.device) if skip_nonfinite
-                      else None)
+        self.static_loss = torch.zeros(() if seeds == 1 else (seeds,), device=static_inputs.device)
+        self.guard = (NonFiniteGuard(optimizer, static_inputs.device, seeds=seeds)
+                      if skip_nonfinite else None)
         self._body = UpdateBody(module, optimizer, loss_function, gradient_transform,
-                                self.guard, compile=compile)
+                                self.guard, compile=compile, seeds=seeds)
 
     @classmethod
     def _capture(cls, module: nn.Module, optimizer: torch.optim.Optimizer,
@@ -227,7 +232,8 @@ class EagerAdaptationStep(_AdaptationStep):
         _check_is_tensor(example_inputs=example_inputs, example_targets=example_targets)
         step = cls(module, optimizer, example_inputs.clone(), example_targets.clone(),
                    loss_function, gradient_transform=settings.gradient_transform,
-                   skip_nonfinite=settings.skip_nonfinite, compile=settings.compile)
+                   skip_nonfinite=settings.skip_nonfinite, compile=settings.compile,
+                   seeds=settings.seeds)
         devices = [example_inputs.device] if example_inputs.device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices), torch.enable_grad():
             step._body.forward_loss(example_inputs, example_targets)
@@ -309,15 +315,15 @@ class CudaGraphAdaptationStep(_AdaptationStep):
         optimizer parameter and state tensor, and the RNG state are back to their values
         before this call: capturing consumes no update.
         """
-        warmup_steps, gradient_transform, pool, skip_nonfinite, compile = settings
+        warmup_steps, gradient_transform, pool, skip_nonfinite, compile, seeds = settings
         device = _check_on_cuda(module, optimizer, example_inputs, example_targets)
         _check_capturable(optimizer)
 
         static_inputs = example_inputs.detach().clone()
         static_targets = example_targets.detach().clone()
-        guard = NonFiniteGuard(optimizer, device) if skip_nonfinite else None
+        guard = NonFiniteGuard(optimizer, device, seeds=seeds) if skip_nonfinite else None
         body = UpdateBody(module, optimizer, loss_function, gradient_transform, guard,
-                          compile=compile)
+                          compile=compile, seeds=seeds)
         if compile:
             warmup_steps = max(warmup_steps, 2)  # the first is eager; compile before capture
         snapshot = Snapshot(module, optimizer)

@@ -15,7 +15,6 @@ if __name__ == "__main__":
 
 import contextlib
 import dataclasses
-import functools
 import gc
 import signal
 import sys
@@ -27,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rl_graphstep.acting import ActionPipe, policy_pipe
+from rl_graphstep.acting import ActionPipe, acting_policy, policy_pipe
 from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.checkpoint import list_checkpoints, load_checkpoint, set_aside_later
@@ -222,7 +221,7 @@ def _set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Netwo
     if resumed is not None and learner.updates > 0 and len(buffer) < cfg.batch_size:
         # A trained policy resumed without a batch in its buffer acts at once, eagerly,
         # until the buffer refills one and the learner is built; nothing is captured for it.
-        collector.act_with(ActionPipe(functools.partial(algorithm.explore, algorithm.actor),
+        collector.act_with(ActionPipe(acting_policy(algorithm, algorithm.actor),
                                       cfg.num_envs, observation_size, action_space, device))
     if by_clock:
         # Made here, not earlier, so that bad input leaves no empty folder behind; a run

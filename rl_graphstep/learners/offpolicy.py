@@ -69,11 +69,14 @@ class OffPolicyLearner:
         self.cfg = cfg
         self.plan = plan
         self.device = plan.device
+        # K seeds stacked on a leading dimension of everything the update touches.
+        self.seeds = cfg.num_seeds
         self.critic_optimizer = self._adam(algorithm.critic.parameters(), lr=cfg.q_lr)
         self.actor_optimizer = self._adam(algorithm.actor_parameter_groups())
         self.critic_clip = clip_grad_norm(algorithm.critic.parameters(),
-                                          cfg.critic_max_grad_norm)
-        self.actor_clip = clip_grad_norm(algorithm.actor.parameters(), cfg.actor_max_grad_norm)
+                                          cfg.critic_max_grad_norm, seeds=self.seeds)
+        self.actor_clip = clip_grad_norm(algorithm.actor.parameters(), cfg.actor_max_grad_norm,
+                                         seeds=self.seeds)
         self.critic_loss = RecordedLoss(algorithm.critic_loss, buffer.layout.split_targets)
         self.actor_loss = RecordedLoss(algorithm.actor_loss, lambda observations: observations)
         self.critic_step: AdaptationStep | None = None
@@ -108,7 +111,8 @@ class OffPolicyLearner:
         self.sums = sums
         # The first rows as the example: drawing a sample would consume random numbers, and
         # a resumed run must draw exactly what the uninterrupted one would.
-        rows = self.buffer.storage[: self.cfg.batch_size]
+        batch = self.cfg.batch_size
+        rows = self.buffer.storage[:batch] if self.seeds == 1 else self.buffer.storage[:, :batch]
         while True:
             try:
                 self._make_steps(rows)
@@ -138,12 +142,12 @@ class OffPolicyLearner:
 
     def _make_steps(self, rows: Tensor) -> None:
         layout, algorithm = self.buffer.layout, self.algorithm
-        observations = rows[:, layout.observations]
+        observations = rows[..., layout.observations]
         settings = {"use_graph": self.plan.graphs, "compile": self.plan.compile,
-                    "skip_nonfinite": True}
+                    "skip_nonfinite": True, "seeds": self.seeds}
         self.critic_step = make_adaptation_step(
             StateActionInput(algorithm.critic, layout.observation_size), self.critic_optimizer,
-            rows[:, layout.critic_inputs], rows[:, layout.critic_targets], self.critic_loss,
+            rows[..., layout.critic_inputs], rows[..., layout.critic_targets], self.critic_loss,
             gradient_transform=self.critic_clip, **settings)
         self.actor_step = make_adaptation_step(
             algorithm.actor, self.actor_optimizer, observations, observations, self.actor_loss,
@@ -225,20 +229,21 @@ class OffPolicyLearner:
                 torch.stack([g.consecutive for g in guards]).max())
 
     def skipped_steps(self) -> dict[str, int]:
-        """Critic and actor steps skipped in this process, by kind (reads the device)."""
+        """Critic and actor steps skipped in this process, by kind, over all seeds (reads
+        the device)."""
         counts = {}
         for kind, step in (("critic", self.critic_step), ("actor", self.actor_step)):
             guard = None if step is None else step.guard
-            counts[kind] = 0 if guard is None else int(guard.skipped.item())
+            counts[kind] = 0 if guard is None else int(guard.skipped.sum().item())
         return counts
 
     def steps_made(self, updates: int) -> dict[str, int]:
-        """The critic and actor steps of the first ``updates`` updates."""
+        """The critic and actor steps of the first ``updates`` updates, over all seeds."""
         period = self.algorithm.update_period()
         per_period = sum(self.algorithm.actor_steps(u) for u in range(period))
         whole, rest = divmod(updates, period)
         actor = whole * per_period + sum(self.algorithm.actor_steps(u) for u in range(rest))
-        return {"critic": updates, "actor": actor}
+        return {"critic": updates * self.seeds, "actor": actor * self.seeds}
 
     # ------------------------------------------------------------------ checkpoints
 
