@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -14,7 +14,12 @@ import numpy as np
 from rl_graphstep.acting import ActionPipe
 from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.envs import EnvStepper, scale_action, true_next_observations
-from rl_graphstep.nonfinite import NonFiniteTally, policy_inputs, random_actions_for
+from rl_graphstep.nonfinite import (
+    NonFiniteTally,
+    policy_inputs,
+    random_actions_for,
+    store_seeds,
+)
 
 Transition = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 """(observations, actions, rewards, next observations, terminations), one row per env."""
@@ -33,14 +38,18 @@ class Collector:
         envs: the vector env, already reset; ``observations`` its current observations.
         buffer: the replay buffer.
         tally: counts (and keeps out of the buffer) transitions with NaN or inf values.
+        seed_tallies: with K seeds (a buffer of K rings, seed k's envs being rows k*n ..
+            k*n+n-1), one tally per seed, which stores each seed's rows into its own ring.
     """
 
     def __init__(self, envs: gym.vector.VectorEnv, observations: np.ndarray,
-                 buffer: ReplayBuffer, tally: NonFiniteTally) -> None:
+                 buffer: ReplayBuffer, tally: NonFiniteTally, *,
+                 seed_tallies: Sequence[NonFiniteTally] = ()) -> None:
         self.envs = envs
         self.observations = observations
         self.buffer = buffer
         self.tally = tally
+        self.seed_tallies = list(seed_tallies)
         self.policy: ActionPipe | None = None  # None: only random actions
         space = envs.single_action_space
         self._low, self._high = space.low, space.high
@@ -90,7 +99,10 @@ class Collector:
     def flush(self, global_step: int) -> None:
         """Store the last step's transition now (before a checkpoint, say)."""
         if self._pending is not None:
-            self.tally.store(self.buffer, global_step, *self._pending)
+            if self.seed_tallies:
+                store_seeds(self.seed_tallies, self.buffer, global_step, *self._pending)
+            else:
+                self.tally.store(self.buffer, global_step, *self._pending)
             self._pending = None
 
     def unstored_nonfinite(self) -> int:

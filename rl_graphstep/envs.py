@@ -81,9 +81,9 @@ def make_vec_env(
     return envs
 
 
-def first_reset(envs: VectorEnv, seed: int) -> np.ndarray:
-    """The first observations, from ``envs.reset(seed=seed)``; a custom env whose reset
-    fails is one line naming the error and the user's line."""
+def first_reset(envs: VectorEnv, seed: int | list[int]) -> np.ndarray:
+    """The first observations, from ``envs.reset(seed=seed)`` (a list: one seed per env); a
+    custom env whose reset fails is one line naming the error and the user's line."""
     try:
         observations, _ = envs.reset(seed=seed)
     except Exception as exc:
@@ -243,14 +243,16 @@ class EpisodeStatistics:
         self.lengths = np.zeros(num_envs, dtype=np.int64)
 
     def update(self, rewards: np.ndarray, terminations: np.ndarray, truncations: np.ndarray
-               ) -> list[tuple[float, int]]:
-        """Count one step of every env; return (return, length) of each episode it ended."""
+               ) -> list[tuple[int, float, int]]:
+        """Count one step of every env; return (env, return, length) of each episode it
+        ended."""
         self.returns += rewards
         self.lengths += 1
         done = np.logical_or(terminations, truncations)
         if not done.any():
             return []
-        ended = [(float(self.returns[i]), int(self.lengths[i])) for i in np.flatnonzero(done)]
+        ended = [(int(i), float(self.returns[i]), int(self.lengths[i]))
+                 for i in np.flatnonzero(done)]
         self.returns[done] = 0.0
         self.lengths[done] = 0
         return ended

@@ -88,6 +88,10 @@ class GroupLogger:
         """Log one number of the whole group (e.g. ``charts/SPS``) into the aggregate run."""
         self._aggregate.add_scalar(tag, value, step)
 
+    def text(self, tag: str, text: str) -> None:
+        """Log a line of text about the whole group (the plan) into the aggregate run."""
+        self._aggregate.add_text(tag, text)
+
     def episode(self, index: int, step: int, episodic_return: float, length: int) -> None:
         """Log a finished episode of the group's ``index``-th seed into that seed's run."""
         self.runs[index].episode(step, episodic_return, length)

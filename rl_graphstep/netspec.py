@@ -27,6 +27,7 @@ import shutil
 import sys
 import warnings
 import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,10 +36,11 @@ import torch
 from torch import nn
 
 from rl_graphstep.config import Config
-from rl_graphstep.errors import display_path
+from rl_graphstep.errors import ConfigError, display_path
 from rl_graphstep.memory import allocation_errors, check_networks_fit
 from rl_graphstep.netcheck import check_actor, check_critic
 from rl_graphstep.plugins import NetworkSpec, _is_file_path, build_network
+from rl_graphstep.seeds import stack_pairs
 
 if TYPE_CHECKING:
     from rl_graphstep.algorithms.base import OffPolicyAlgorithm
@@ -305,3 +307,25 @@ def _build_networks(algorithm: type[OffPolicyAlgorithm], cfg: Config, observatio
                                 role="critic") if critic is not None
                   else algorithm.default_critic(observation_space, action_space, cfg))
     return actor_net.to(device), critic_net.to(device)
+
+
+def make_seed_networks(algorithm: type[OffPolicyAlgorithm], cfg: Config, seeds: Sequence[int],
+                       observation_space: gym.Space, action_space: gym.Space,
+                       device: torch.device, actor: NetworkSpec | None = None,
+                       critic: NetworkSpec | None = None) -> tuple[nn.Module, nn.Module]:
+    """:func:`make_networks` for a run of ``seeds``: for one seed its networks as today; for
+    K seeds each seed's networks built as that seed alone builds them, stacked on a leading
+    seed dimension (``rl_graphstep.seeds``). A built module cannot be a group's: it has one
+    initialisation, where each seed needs its own."""
+    if len(seeds) == 1:
+        return make_networks(algorithm, cfg, observation_space, action_space, device, actor,
+                             critic)
+    for role, given in (("actor", actor), ("critic", critic)):
+        if isinstance(given, nn.Module):
+            raise ConfigError(f"a built {role} module has one initialisation and a group of "
+                              f"seeds needs one per seed: pass its class, or train with "
+                              f"--num-seeds 1")
+    return stack_pairs(lambda _seed: make_networks(algorithm, cfg, observation_space,
+                                                   action_space, device, actor, critic),
+                       seeds, observation_size=observation_space.shape[0],
+                       action_size=action_space.shape[0])

@@ -25,13 +25,37 @@ from rl_graphstep.nonfinite import NonFiniteTally
 
 @dataclass
 class Progress:
-    """The loop's counters, saved in every checkpoint."""
+    """The loop's counters, saved in every checkpoint. ``seed_returns`` and ``tallies`` hold
+    one entry per seed (one for a single run): each seed's last 10 returns and its non-finite
+    tally."""
 
     global_step: int = 0
     episodes: int = 0
-    recent_returns: deque[float] = field(default_factory=lambda: deque(maxlen=10))
     episode_stats: EpisodeStatistics = field(default_factory=lambda: EpisodeStatistics(1))
-    nonfinite: NonFiniteTally = field(default_factory=lambda: NonFiniteTally(""))
+    seed_returns: list[deque[float]] = field(default_factory=lambda: [deque(maxlen=10)])
+    tallies: list[NonFiniteTally] = field(default_factory=lambda: [NonFiniteTally("")])
+
+    @classmethod
+    def of(cls, env_id: str, seeds: int, num_envs: int) -> Progress:
+        """Fresh counters for ``seeds`` seeds of ``num_envs`` envs each."""
+        return cls(episode_stats=EpisodeStatistics(seeds * num_envs),
+                   seed_returns=[deque(maxlen=10) for _ in range(seeds)],
+                   tallies=[NonFiniteTally(env_id, seed=None if seeds == 1 else k)
+                            for k in range(seeds)])
+
+    @property
+    def recent_returns(self) -> deque[float]:
+        """A single run's last 10 returns."""
+        return self.seed_returns[0]
+
+    @property
+    def nonfinite(self) -> NonFiniteTally:
+        """A single run's tally; a group's first (which also counts the group's updates)."""
+        return self.tallies[0]
+
+    @property
+    def grouped(self) -> bool:
+        return len(self.tallies) > 1
 
 
 def _pickled_envs(envs: gym.vector.VectorEnv) -> bytes | None:
@@ -56,9 +80,8 @@ def save_run(cfg: Config, run_dir: Path, progress: Progress, learner: OffPolicyL
         "run_name": run_dir.name,
         "global_step": progress.global_step,
         "episodes": progress.episodes,
-        "recent_returns": list(progress.recent_returns),
+        **_progress_state(progress, learner),
         "episode_stats": progress.episode_stats.state_dict(),
-        "nonfinite": progress.nonfinite.state_dict(learner),
         "agent": learner.state_dict(),
         "rng": rng_state(),
         "envs": _pickled_envs(collector.envs),
@@ -84,8 +107,7 @@ def restore_run(state: dict[str, Any], learner: OffPolicyLearner, progress: Prog
         learner.buffer.load_state_dict(state["buffer"])
     progress.global_step = int(state["global_step"])
     progress.episodes = int(state["episodes"])
-    progress.recent_returns.extend(state["recent_returns"])
-    progress.nonfinite.load_state_dict(state.get("nonfinite"), learner.updates)
+    _load_progress_state(progress, state, learner.updates)
     set_rng_state(state["rng"])
     if state.get("envs") is not None:
         if state.get("episode_stats") is not None:
@@ -96,3 +118,23 @@ def restore_run(state: dict[str, Any], learner: OffPolicyLearner, progress: Prog
                   "restart on resume", stacklevel=3)
     observations, _ = envs.reset()
     return envs, observations
+
+
+def _progress_state(progress: Progress, learner: OffPolicyLearner) -> dict[str, Any]:
+    """A single run's returns and tally as before; a group's as one list per seed."""
+    if not progress.grouped:
+        return {"recent_returns": list(progress.recent_returns),
+                "nonfinite": progress.nonfinite.state_dict(learner)}
+    return {"recent_returns": [list(r) for r in progress.seed_returns],
+            "nonfinite": [t.state_dict(learner) for t in progress.tallies]}
+
+
+def _load_progress_state(progress: Progress, state: dict[str, Any], updates: int) -> None:
+    if not progress.grouped:
+        progress.recent_returns.extend(state["recent_returns"])
+        progress.nonfinite.load_state_dict(state.get("nonfinite"), updates)
+        return
+    for returns, saved in zip(progress.seed_returns, state["recent_returns"], strict=True):
+        returns.extend(saved)
+    for tally, saved in zip(progress.tallies, state["nonfinite"], strict=True):
+        tally.load_state_dict(saved, updates)

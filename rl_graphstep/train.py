@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from rl_graphstep.acting import ActionPipe, acting_policy, policy_pipe
 from rl_graphstep.algorithms import ALGORITHMS
@@ -34,9 +35,8 @@ from rl_graphstep.cli import end_startup_guard, exit_quietly
 from rl_graphstep.collector import Collector
 from rl_graphstep.compiling import quiet_compiler, updates_ahead
 from rl_graphstep.config import Config
-from rl_graphstep.console import LoopClock, ProgressDisplay, done_line
+from rl_graphstep.console import LoopClock, ProgressDisplay, done_line, group_done_line
 from rl_graphstep.envs import (
-    EpisodeStatistics,
     check_continuous_spaces,
     first_reset,
     make_vec_env,
@@ -44,10 +44,16 @@ from rl_graphstep.envs import (
 )
 from rl_graphstep.errors import ConfigError, RLGraphstepError
 from rl_graphstep.flags import command_line_values, load_config
+from rl_graphstep.grouplog import GroupLogger
 from rl_graphstep.learners import OffPolicyLearner
 from rl_graphstep.logger import Logger, to_markdown_table
-from rl_graphstep.netspec import describe_networks, make_networks, networks_of_run, record_networks
-from rl_graphstep.nonfinite import NonFiniteTally, describe_updates, mostly_skipped
+from rl_graphstep.netspec import (
+    describe_networks,
+    make_seed_networks,
+    networks_of_run,
+    record_networks,
+)
+from rl_graphstep.nonfinite import describe_updates, mostly_skipped
 from rl_graphstep.plan import (
     RunPlan,
     matmul_precision,
@@ -65,6 +71,7 @@ from rl_graphstep.rundir import (
     run_dir_of,
 )
 from rl_graphstep.runstate import Progress, restore_run, save_run
+from rl_graphstep.seeds import SeedStack
 from rl_graphstep.threads import loop_threads
 
 # The exit code of a run that finished but skipped most of its updates (non-finite values).
@@ -99,9 +106,6 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
     is trained in place; ``cfg.seed`` seeds everything else, so two calls repeat each other
     when each builds its module after the same ``torch.manual_seed``.
     """
-    if cfg.num_seeds > 1:  # the seed group's config exists; its learner does not yet
-        raise ConfigError("--num-seeds above 1 is not supported yet (nor --seeds with more "
-                          "than one seed); train one seed per process")
     try:
         device = resolve_device(cfg)
         # The run folder's lock (see own_run_dir) is released when the run ends in any way.
@@ -129,7 +133,7 @@ class Run:
     learner: OffPolicyLearner
     collector: Collector
     plan: RunPlan
-    logger: Logger
+    logger: Logger | GroupLogger
     bar: ProgressDisplay
     clock: LoopClock
     first_line: str
@@ -150,13 +154,9 @@ def _loop(run: Run, stops: list[int]) -> None:
             progress.global_step, explore=progress.global_step >= cfg.learning_starts,
             update=learner.update if learner.built else None)
         progress.global_step += cfg.num_envs
-        for episodic_return, length in progress.episode_stats.update(
+        for env, episodic_return, length in progress.episode_stats.update(
                 rewards, terminations, truncations):
-            progress.episodes += 1
-            # A NaN or inf reward makes a return that would read as nan (see README).
-            if progress.nonfinite.count_episode(episodic_return):
-                run.logger.episode(progress.global_step, episodic_return, length)
-                progress.recent_returns.append(episodic_return)
+            _episode_ended(run, env // cfg.num_envs, episodic_return, length)
 
         run.bar.update(cfg.num_envs)
         step = progress.global_step
@@ -195,8 +195,9 @@ def _set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Netwo
     plan = plan_run(cfg, device, updates_ahead=updates_ahead(
         cfg.total_timesteps, start_step, cfg.learning_starts, cfg.num_envs,
         cfg.updates_per_step))
-    seed_everything(cfg.seed)
-    envs = make_vec_env(cfg.env_id, num_envs=cfg.num_envs, seed=cfg.seed,
+    seeds = cfg.seed_list  # a group of K seeds steps K x num_envs envs
+    seed_everything(seeds[0])
+    envs = make_vec_env(cfg.env_id, num_envs=len(seeds) * cfg.num_envs, seed=seeds[0],
                         asynchronous=plan.vec_env == "async")
     observation_space, action_space = envs.single_observation_space, envs.single_action_space
     check_continuous_spaces(cfg.env_id, observation_space, action_space, cfg.algo)
@@ -205,35 +206,40 @@ def _set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Netwo
     algorithm_class = ALGORITHMS[cfg.algo]
     if resumed is not None:  # its recorded file networks are the copies in its folder
         actor, critic = networks_of_run(cfg, resumed["config"], run_dir, actor, critic)
-    actor_net, critic_net = make_networks(algorithm_class, cfg, observation_space,
-                                          action_space, device, actor, critic)
-    buffer = ReplayBuffer(cfg.buffer_size, observation_size, action_size, device)
+    actor_net, critic_net = make_seed_networks(algorithm_class, cfg, seeds, observation_space,
+                                               action_space, device, actor, critic)
+    buffer = ReplayBuffer(cfg.buffer_size, observation_size, action_size, device,
+                          seeds=len(seeds))
     algorithm = algorithm_class(actor_net, critic_net, cfg, action_size=action_size,
-                                device=device)
+                                device=device, seeds=len(seeds))
     learner = OffPolicyLearner(algorithm, buffer, cfg, plan)
-    progress = Progress(episode_stats=EpisodeStatistics(cfg.num_envs),
-                        nonfinite=NonFiniteTally(cfg.env_id))
+    progress = Progress.of(cfg.env_id, len(seeds), cfg.num_envs)
     if resumed is not None:
         envs, observations = restore_run(resumed, learner, progress, envs)
     else:
-        observations = first_reset(envs, cfg.seed)
-    collector = Collector(envs, observations, buffer, progress.nonfinite)
+        # Seed k's env i gets seed_k + i: the seed a run of seed k alone gives it.
+        observations = first_reset(envs, seeds[0] if len(seeds) == 1 else
+                                   [s + i for s in seeds for i in range(cfg.num_envs)])
+    collector = Collector(envs, observations, buffer, progress.nonfinite,
+                          seed_tallies=progress.tallies if progress.grouped else ())
     if resumed is not None and learner.updates > 0 and len(buffer) < cfg.batch_size:
         # A trained policy resumed without a batch in its buffer acts at once, eagerly,
         # until the buffer refills one and the learner is built; nothing is captured for it.
         collector.act_with(ActionPipe(acting_policy(algorithm, algorithm.actor),
-                                      cfg.num_envs, observation_size, action_space, device))
+                                      envs.num_envs, observation_size, action_space, device))
     if by_clock:
         # Made here, not earlier, so that bad input leaves no empty folder behind; a run
         # started in the same second (the name's resolution) gets a folder of its own.
         run_dir = claim_run_dir(run_dir)
         owned.enter_context(RunLock(run_dir))
-    cfg, custom = record_networks(cfg, run_dir, actor or cfg.actor, actor_net,
-                                  critic or cfg.critic, critic_net, observation_space,
+    cfg, custom = record_networks(cfg, run_dir, actor or cfg.actor, _first(actor_net),
+                                  critic or cfg.critic, _first(critic_net), observation_space,
                                   action_space)
     # A resumed run drops what the stopped one logged after its checkpoint (step + 1 on).
-    logger = Logger(run_dir, to_markdown_table(cfg),
-                    purge_step=progress.global_step + 1 if resumed else None)
+    purge_step = progress.global_step + 1 if resumed else None
+    logger = (GroupLogger(run_dir, seeds, to_markdown_table(cfg), purge_step=purge_step)
+              if progress.grouped else
+              Logger(run_dir, to_markdown_table(cfg), purge_step=purge_step))
     # A tqdm bar on a terminal, a periodic line in a file or a pipe (see ProgressDisplay).
     bar = ProgressDisplay(cfg.total_timesteps, progress.global_step, enabled=cfg.progress,
                           learning_starts=cfg.learning_starts)
@@ -257,7 +263,7 @@ def _start_learning(run: Run) -> None:
     run.plan = settle_action_stream(plan, algorithm.exploration_noise_size(),
                                     type(algorithm.actor).__name__)
     space = run.collector.envs.single_action_space
-    run.collector.act_with(policy_pipe(algorithm, run.plan, run.cfg.num_envs,
+    run.collector.act_with(policy_pipe(algorithm, run.plan, run.collector.envs.num_envs,
                                        learner.buffer.observation_size, space,
                                        staged=run.staged_actor))
     if run.plan.device.type == "cuda":
@@ -283,16 +289,42 @@ def _log(run: Run) -> None:
     those of the last finite update)."""
     cfg, step, logger, progress = run.cfg, run.progress.global_step, run.logger, run.progress
     logger.write(step)
-    logger.scalar("charts/SPS", run.clock.sps(step), step)
     total, consecutive = (int(t) for t in torch.stack(run.learner.skipped_updates()).tolist())
-    logger.scalar("charts/skipped_updates", total + progress.nonfinite.skipped_before(), step)
     # The last transition is stored after the next action is asked for: count it now.
-    logger.scalar("charts/nonfinite_transitions",
-                  progress.nonfinite.transitions + run.collector.unstored_nonfinite(), step)
+    transitions = (sum(t.transitions for t in progress.tallies)
+                   + run.collector.unstored_nonfinite())
+    charts = {"charts/SPS": run.clock.sps(step),
+              "charts/skipped_updates": total + progress.nonfinite.skipped_before(),
+              "charts/nonfinite_transitions": transitions}
+    for tag, value in charts.items():  # a group's: the whole group's, in its aggregate run
+        (logger.group_scalar if progress.grouped else logger.scalar)(tag, value, step)
     if consecutive >= cfg.nonfinite_limit:
         saved = save_run(cfg, run.run_dir, progress, run.learner, run.collector)
         raise NonFiniteUpdates(_nonfinite_stop_message(consecutive, cfg, step, saved))
-    run.bar.report(step, progress.recent_returns)
+    if progress.grouped:
+        logger.aggregate(step, progress.seed_returns)
+        run.bar.report_group(step, progress.seed_returns)
+    else:
+        run.bar.report(step, progress.recent_returns)
+
+
+def _episode_ended(run: Run, seed: int, episodic_return: float, length: int) -> None:
+    """Count an ended episode of the run's ``seed``-th seed, and log its return. A NaN or
+    inf reward makes a return that would read as nan: counted, not logged (see README)."""
+    progress = run.progress
+    progress.episodes += 1
+    if not progress.tallies[seed].count_episode(episodic_return):
+        return
+    progress.seed_returns[seed].append(episodic_return)
+    if progress.grouped:
+        run.logger.episode(seed, progress.global_step, episodic_return, length)
+    else:
+        run.logger.episode(progress.global_step, episodic_return, length)
+
+
+def _first(network: nn.Module) -> nn.Module:
+    """A network as one seed has it: a group's first seed's (what the run records)."""
+    return network.member(0) if isinstance(network, SeedStack) else network
 
 
 def _nonfinite_stop_message(consecutive: int, cfg: Config, step: int, saved: Path) -> str:
@@ -319,8 +351,10 @@ def _summary(run: Run) -> dict[str, Any]:
         "graph": run.plan.graphs,
         "compile": run.plan.compile,
         "action_stream": policy is not None and policy.side_stream is not None,
-        "skipped_transitions": progress.nonfinite.transitions,
-        "nonfinite_episodes": progress.nonfinite.episodes,
+        "skipped_transitions": sum(t.transitions for t in progress.tallies),
+        "nonfinite_episodes": sum(t.episodes for t in progress.tallies),
+        "seeds": run.cfg.seed_list,
+        "recent_returns": [list(returns) for returns in progress.seed_returns],
         # Critic and actor steps, each (skipped, made) over the whole run.
         "updates": updates,
         "mostly_skipped": mostly_skipped(updates),
@@ -378,7 +412,7 @@ def _command_line(argv: Sequence[str] | None) -> int:
         _set_ctrl_c(signal.SIG_IGN)
         return _report(error)
     _set_ctrl_c(signal.SIG_IGN)
-    print(done_line(summary))
+    print(group_done_line(summary) if len(summary["seeds"]) > 1 else done_line(summary))
     if summary["mostly_skipped"]:
         print(f"error: most updates were skipped for non-finite losses or gradients "
               f"({describe_updates(summary['updates'])}), so the agent did not learn; check "

@@ -178,9 +178,9 @@ def test_truncation_final_observation_and_episode_statistics() -> None:
         # The final observation continues the trajectory: its angle (cos, sin) is unit-norm
         # and the reset one is what the buffer must NOT see.
         np.testing.assert_allclose(np.hypot(final[:, 0], final[:, 1]), 1.0, rtol=1e-5)
-        assert [length for _, length in episodes] == [200, 200]
-        np.testing.assert_allclose([ret for ret, _ in episodes], rewards_sum, rtol=1e-5)
-        assert all(isinstance(r, float) and isinstance(n, int) for r, n in episodes)
+        assert [(env, length) for env, _, length in episodes] == [(0, 200), (1, 200)]
+        np.testing.assert_allclose([ret for _, ret, _ in episodes], rewards_sum, rtol=1e-5)
+        assert all(isinstance(r, float) and isinstance(n, int) for _, r, n in episodes)
     finally:
         envs.close()
 
@@ -222,13 +222,13 @@ def test_episode_statistics_count_every_step_of_each_env() -> None:
     stats = EpisodeStatistics(2)
     no = np.array([False, False])
     assert stats.update(np.array([1.0, 2.0]), no, no) == []
-    assert stats.update(np.array([1.0, 2.0]), np.array([True, False]), no) == [(2.0, 2)]
-    assert stats.update(np.array([5.0, 2.0]), no, np.array([False, True])) == [(6.0, 3)]
+    assert stats.update(np.array([1.0, 2.0]), np.array([True, False]), no) == [(0, 2.0, 2)]
+    assert stats.update(np.array([5.0, 2.0]), no, np.array([False, True])) == [(1, 6.0, 3)]
     state = stats.state_dict()
     other = EpisodeStatistics(2)
     other.load_state_dict(state)
-    assert other.update(np.array([1.0, 1.0]), np.array([True, True]), no) == [(6.0, 2),
-                                                                              (1.0, 1)]
+    assert other.update(np.array([1.0, 1.0]), np.array([True, True]), no) == [(0, 6.0, 2),
+                                                                              (1, 1.0, 1)]
 
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
