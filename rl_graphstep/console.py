@@ -14,7 +14,6 @@ from tqdm import tqdm
 
 from rl_graphstep.aggregate import group_returns, seed_means
 from rl_graphstep.nonfinite import describe_updates
-from rl_graphstep.rundir import seeds_label
 
 # Without a terminal, one progress line at most this often (at a log step): a 1M-step run at
 # 2,600 steps/s logs every 0.4 s, which would bury the log file in lines.
@@ -217,7 +216,10 @@ def group_done_line(summary: Mapping[str, Any]) -> str:
     stats = group_returns(recent)
     iqm_text = ("IQM n/a (a seed has no finished episode)" if stats is None else
                 f"IQM {stats['iqm']:.1f} [95% {stats['iqm_low']:.1f}, {stats['iqm_high']:.1f}]")
-    return _done(summary, None, f"seeds {seeds_label(seeds)} mean return of the last 10: "
+    first, last = seeds[0], seeds[-1]
+    named = (f"{first}-{last}" if seeds == tuple(range(first, last + 1))
+             else ", ".join(map(str, seeds)))
+    return _done(summary, None, f"seeds {named} mean return of the last 10: "
                  f"{each}, {iqm_text}")
 
 

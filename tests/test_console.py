@@ -178,7 +178,7 @@ def test_a_groups_final_line_gives_each_seed_and_the_iqm() -> None:
                "learning_sps": None, "skipped_transitions": 0,
                "updates": {"critic": (0, 100), "actor": (0, 50)}}
     line = group_done_line(summary)
-    assert line.startswith("done: 25000 steps, 375 episodes, 9,000 steps/s; seeds 3_5_7 mean "
+    assert line.startswith("done: 25000 steps, 375 episodes, 9,000 steps/s; seeds 3, 5, 7 mean "
                            "return of the last 10: 3: -1.0, 5: n/a, 7: -2.0, IQM n/a (a seed "
                            "has no finished episode); skipped 0 non-finite transitions, ")
     assert "\n" not in line and line.endswith("; logs in runs/g")

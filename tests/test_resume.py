@@ -64,6 +64,23 @@ def test_resume_continues_bit_for_bit(algo: str, tmp_path: Path) -> None:
     assert_same_state(straight["recent_returns"], halves["recent_returns"])
 
 
+def test_a_seed_group_resumes_bit_for_bit(tmp_path: Path) -> None:
+    """A group of two seeds stopped at step 400 and resumed to 800 ends where the group run
+    straight to 800 does: every seed's learning state, returns and tallies."""
+    args = [*SMALL, "--num-seeds", "2", "--hidden-sizes", "16", "16", "--log-dir",
+            str(tmp_path)]
+    train(load_config([*args, "--total-timesteps", "800", "--run-name", "straight"]))
+    train(load_config([*args, "--total-timesteps", "400", "--run-name", "halves"]))
+    assert main(["--resume", str(tmp_path / "halves"), "--total-timesteps", "800"]) == 0
+    straight = load_checkpoint(tmp_path / "straight")
+    halves = load_checkpoint(tmp_path / "halves")
+    assert straight["global_step"] == halves["global_step"] == 800
+    assert straight["agent"]["critic"]["stacked.weights.0"].shape[0] == 2
+    assert_same_state(straight["agent"], halves["agent"])
+    assert_same_state(straight["recent_returns"], halves["recent_returns"])
+    assert len(straight["recent_returns"]) == 2
+
+
 def test_a_checkpoint_saved_before_vec_env_resumes_as_the_same_run(tmp_path: Path) -> None:
     """A checkpoint whose config holds the settings of before --vec-env (async_envs,
     env_worker, overlap) resumes: the env worker is dropped with a warning and the envs step

@@ -392,3 +392,47 @@ def test_async_envs_train(tmp_path: Path) -> None:
     state = load_checkpoint(next(tmp_path.iterdir()))
     assert state["config"]["vec_env"] == "async" and state["global_step"] == 300
     assert state["envs"] is None  # AsyncVectorEnv's subprocesses do not pickle; sync ones do
+
+
+# A seed group: K seeds in one process, one tensorboard run each and the aggregate run.
+
+
+def scalar_tags(folder: Path) -> set[str]:
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return set(events.Tags()["scalars"])
+
+
+def test_a_seed_group_logs_a_run_per_seed_and_the_aggregate(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([*LOOP, "--seeds", "4", "9", "--total-timesteps", "400", "--log-interval",
+                 "200", "--log-dir", str(tmp_path), "--run-name", "group"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "replay buffer: 2 seeds x" in out
+    assert "; seeds 4, 9 mean return of the last 10: 4: " in out, out
+    group = tmp_path / "group"
+    assert sorted(p.name for p in group.iterdir()) == ["aggregate", "checkpoints", "seed_4",
+                                                       "seed_9"]
+    for seed in (4, 9):
+        tags = scalar_tags(group / f"seed_{seed}")
+        assert {"losses/critic", "losses/actor", "charts/alpha",
+                "charts/episodic_return"} <= tags
+    aggregate = scalar_tags(group / "aggregate")
+    assert {"charts/SPS", "charts/episodic_return_iqm", "charts/episodic_return_iqm_low",
+            "charts/episodic_return_iqm_high"} <= aggregate
+    state = load_checkpoint(group)
+    assert state["config"]["seeds"] == [4, 9] and len(state["recent_returns"]) == 2
+
+
+def test_a_seed_group_refuses_a_built_module(tmp_path: Path) -> None:
+    import gymnasium as gym
+
+    from rl_graphstep.errors import ConfigError
+    from rl_graphstep.networks import DeterministicActor
+
+    space = gym.spaces.Box(-1.0, 1.0, (3,))
+    actor = DeterministicActor(space, gym.spaces.Box(-1.0, 1.0, (1,)))
+    cfg = load_config([*LOOP, "--algo", "td3", "--num-seeds", "2", "--log-dir", str(tmp_path)])
+    with pytest.raises(ConfigError, match="a built actor module has one initialisation"):
+        train(cfg, actor=actor)
