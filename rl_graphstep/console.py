@@ -216,10 +216,7 @@ def group_done_line(summary: Mapping[str, Any]) -> str:
     stats = group_returns(recent)
     iqm_text = ("IQM n/a (a seed has no finished episode)" if stats is None else
                 f"IQM {stats['iqm']:.1f} [95% {stats['iqm_low']:.1f}, {stats['iqm_high']:.1f}]")
-    first, last = seeds[0], seeds[-1]
-    named = (f"{first}-{last}" if seeds == tuple(range(first, last + 1))
-             else ", ".join(map(str, seeds)))
-    return _done(summary, None, f"seeds {named} mean return of the last 10: "
+    return _done(summary, None, f"seeds {seeds_text(seeds)} mean return of the last 10: "
                  f"{each}, {iqm_text}")
 
 
@@ -266,3 +263,11 @@ class LoopClock:
             if waits:
                 result["host_us_per_iteration"] = (elapsed - waited) / waits * 1e6
         return result
+
+
+def seeds_text(seeds: tuple[int, ...]) -> str:
+    """A group's seeds as people write them: ``1-8`` when consecutive, else ``3, 5, 7``."""
+    first, last = seeds[0], seeds[-1]
+    if len(seeds) > 1 and seeds == tuple(range(first, last + 1)):
+        return f"{first}-{last}"
+    return ", ".join(map(str, seeds))

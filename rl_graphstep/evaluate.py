@@ -31,6 +31,7 @@ from rl_graphstep.algorithms import ALGORITHMS, OffPolicyAlgorithm
 from rl_graphstep.checkpoint import CHECKPOINT_DIR, find_checkpoint, load_checkpoint
 from rl_graphstep.cli import OneLineParser, end_startup_guard, exit_quietly
 from rl_graphstep.config import SEED_MAX, Config, config_from_dict, saved_config_values
+from rl_graphstep.console import seeds_text
 from rl_graphstep.envs import check_continuous_spaces, make_vec_env, scale_action, seed_everything
 from rl_graphstep.errors import (
     CheckpointError,
@@ -43,7 +44,6 @@ from rl_graphstep.netcheck import evaluation_action
 from rl_graphstep.netspec import make_networks, run_relative
 from rl_graphstep.plan import resolve_device
 from rl_graphstep.plugins import NetworkSpec
-from rl_graphstep.rundir import seeds_label
 from rl_graphstep.seeds import SeedStack
 
 __all__ = ["EvaluationResult", "GroupEvaluation", "evaluate", "main"]
@@ -218,7 +218,7 @@ def group_table(group: GroupEvaluation, title: str, episodes: int, note: str = "
     """
     per = f"{episodes} episode{'s' if episodes > 1 else ''} per seed"
     width = max(len("group"), *(len(str(s)) for s in group.seeds))
-    rows = [f"{title}, seeds {seeds_label(group.seeds)}: {per}{note}",
+    rows = [f"{title}, seeds {seeds_text(group.seeds)}: {per}{note}",
             f"{'seed':>{width}}  mean return"]
     means = [f"{r.mean:.1f}" for r in group.results]
     stds = [f"{r.std:.1f}" for r in group.results]
