@@ -206,7 +206,7 @@ class ReplayBuffer:
                    keep: ArrayLike | None) -> None:
         """`add` with K seeds. The staging is (K, n, row_size + 1): each seed's kept rows
         first, then a last column that is 1 on the rows to store and 0 on the others; the
-        device writes each seed's count at its own position (`write_seed_rows`)."""
+        device writes each seed's count at its own position (`ringwrite.write_seed_rows`)."""
         total, seeds = leading_size(observations), self.seeds
         if total % seeds:
             raise ValueError(f"observations must hold {seeds} seeds x num_envs rows, got {total}")
