@@ -1,5 +1,6 @@
 """The typed run configuration: every setting of a run, its value checks, and its plain-value
-form for files and checkpoints (YAML files: configfile; the command line: flags)."""
+form for files and checkpoints (a value's type: fieldtypes; the seed group's rules: seedgroup;
+YAML files: configfile; the command line: flags)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ from typing import Any
 
 from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.errors import ConfigError
+from rl_graphstep.fieldtypes import typed_value
+from rl_graphstep.seedgroup import (
+    SEED_MAX,
+    group_problem,
+    group_seeds,
+    num_seeds_problem,
+    seed_list_problem,
+)
 
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 # The values of every on/off setting that can also be left to the machine.
@@ -152,7 +161,7 @@ class Config:
         if self.seeds is not None and self.num_seeds == 1:
             # num_seeds is always the group's size K, however the seeds were given.
             object.__setattr__(self, "num_seeds", len(self.seeds))
-        problem = _seeds_problem(self)
+        problem = group_problem(self.seed, self.num_seeds, self.seeds)
         if problem:
             raise ConfigError(problem)
         if self.autotune and self.alpha == 0:
@@ -170,25 +179,6 @@ class Config:
     def __hash__(self) -> int:
         # The generated hash would fail on the kwargs dicts; hash a frozen copy of every value.
         return hash(tuple(_freeze(getattr(self, f.name)) for f in dataclasses.fields(self)))
-
-
-def group_seeds(seed: int, num_seeds: int, seeds: tuple[int, ...] | None) -> tuple[int, ...]:
-    """The seeds that ``seed``, ``num_seeds`` and ``seeds`` name (see Config.seed_list)."""
-    return tuple(seeds) if seeds is not None else tuple(range(seed, seed + num_seeds))
-
-
-def _seeds_problem(cfg: Config) -> str | None:
-    """What the seed settings together get wrong: a count and a list that disagree, or a
-    count that runs past the largest seed."""
-    if cfg.seeds is not None and cfg.num_seeds != len(cfg.seeds):
-        return (f"--seeds {' '.join(map(str, cfg.seeds))} and --num-seeds {cfg.num_seeds} "
-                "cannot both be given: --seeds lists the group's seeds, --num-seeds N runs "
-                "--seed to --seed + N - 1")
-    last = cfg.seed + cfg.num_seeds - 1
-    if cfg.seeds is None and last > SEED_MAX:
-        return (f"--num-seeds {cfg.num_seeds} from --seed {cfg.seed} runs seeds up to {last}, "
-                f"above {SEED_MAX} (2**32 - 1, numpy's seed range); lower --seed")
-    return None
 
 
 def _learning_problem(cfg: Config) -> str | None:
@@ -304,17 +294,10 @@ def _spec_problem(value: str) -> str | None:
     return None
 
 
-# numpy's legacy global seeding (np.random.seed) takes [0, 2**32 - 1]; torch sizes and
-# counts are int64.
-SEED_MAX = 2**32 - 1
+# Torch sizes and counts are int64.
 INT_MAX = 2**63 - 1
 # More environments than this is a typo: each is an object (or a process) of its own.
 MAX_NUM_ENVS = 4096
-# The largest seed group: each seed is one more copy of the networks, optimizer state and
-# replay buffer on the device and one more set of environments stepped by the host, and past
-# about 64 seeds one batched update costs as much as several processes would (an H200 probe
-# of a SAC-shaped update: 1.6x the time of one seed at 8 seeds, 6x at 64).
-MAX_SEEDS = 64
 _STRINGS = ("env_id", "log_dir", "run_name", "resume", "actor", "critic")
 
 
@@ -327,9 +310,8 @@ def _limit_problem(name: str, value: Any) -> str | None:
         return f"must be at most {INT_MAX} (2**63 - 1), got {value}"
     if name == "num_envs" and value > MAX_NUM_ENVS:
         return f"must be at most {MAX_NUM_ENVS}, got {value}"
-    if name == "num_seeds" and value > MAX_SEEDS:
-        return (f"must be at most {MAX_SEEDS}, got {value}: past that one batched update "
-                "costs as much as several processes; split the seeds into groups")
+    if name == "num_seeds":
+        return num_seeds_problem(value)
     if name in ("policy_lr", "q_lr") and not math.isfinite(value):
         return f"must be a finite number > 0, got {value!r}"
     if name in _STRINGS and isinstance(value, str):
@@ -361,7 +343,7 @@ def value_problem(name: str, value: Any) -> str | None:
     if name == "alpha" and not (value >= 0 and math.isfinite(value)):
         return f"must be a finite number >= 0, got {value!r}"
     if name == "seeds" and value is not None:
-        return _seed_list_problem(value)
+        return seed_list_problem(value)
     if name == "hidden_sizes" and (not value or any(w <= 0 for w in value)):
         return f"must be one or more positive ints, got {list(value)!r}"
     if name in _NOISES and not (value >= 0 and math.isfinite(value)):
@@ -373,89 +355,9 @@ def value_problem(name: str, value: Any) -> str | None:
     return _limit_problem(name, value)
 
 
-def _seed_list_problem(seeds: tuple[int, ...]) -> str | None:
-    shown = " ".join(map(str, seeds))
-    if not seeds:
-        return "must be one or more seeds, got none"
-    if len(seeds) > MAX_SEEDS:
-        return (f"must be at most {MAX_SEEDS} seeds, got {len(seeds)}: past that one batched "
-                "update costs as much as several processes; split the seeds into groups")
-    if any(s < 0 or s > SEED_MAX for s in seeds):
-        bad = next(s for s in seeds if s < 0 or s > SEED_MAX)
-        return f"must each be in [0, {SEED_MAX}] (numpy's seed range), got {bad} in {shown}"
-    if len(set(seeds)) != len(seeds):
-        twice = next(s for s in seeds if seeds.count(s) > 1)
-        return f"must differ from each other, got {twice} twice in {shown}"
-    return None
-
-
-# ----------------------------------------------------------------------------- typed values
-
-
-def _as_int(value: Any) -> int:
-    # bool is an int subclass, but `batch_size: true` is a mistake, not 1.
-    if isinstance(value, bool):
-        raise TypeError
-    if isinstance(value, int):
-        return value
-    # PyYAML follows YAML 1.1, where 1e6 is a string and 1.0e+6 a float: accept both when whole.
-    number = float(value) if isinstance(value, (str, float)) else math.nan
-    if not number.is_integer():
-        raise TypeError
-    return int(number)
-
-
-def _as_float(value: Any) -> float:
-    if isinstance(value, bool):
-        raise TypeError
-    if isinstance(value, (int, float)):
-        return float(value)
-    if isinstance(value, str):  # YAML 1.1 reads 3e-4 as a string
-        return float(value)
-    raise TypeError
-
-
 def _coerce(name: str, value: Any) -> Any:
     """Convert one YAML/dict value to the field's type; ConfigError names what was expected."""
-    kind = FIELD_TYPES[name]
-    expected = {int: "an int", float: "a number", bool: "true or false", str: "a string"}
-    try:
-        if kind is int:
-            return _as_int(value)
-        if kind is float:
-            return _as_float(value)
-        if kind is bool:
-            if not isinstance(value, bool):
-                raise TypeError
-            return value
-        if name in SWITCH_FIELDS and isinstance(value, bool):
-            return "on" if value else "off"
-        if kind in (str, str | None):
-            if value is None and kind is not str:
-                return None
-            if not isinstance(value, str):
-                raise TypeError
-            return value
-        if kind == dict[str, Any]:
-            # A copy, so later changes to the caller's dict do not reach the frozen Config.
-            if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
-                raise TypeError
-            return dict(value)
-        # tuple[int, ...], or None where the field allows it
-        if value is None and kind != tuple[int, ...]:
-            return None
-        if not isinstance(value, (list, tuple)):
-            raise TypeError
-        return tuple(_as_int(v) for v in value)
-    except (TypeError, ValueError):
-        if kind == dict[str, Any]:
-            what = "a mapping of keyword arguments (string keys), e.g. {width: 128}"
-        else:
-            fallback = {str | None: "a string or null",
-                        tuple[int, ...] | None: "a list of ints or null"}.get(
-                            kind, "a list of ints")
-            what = expected.get(kind, fallback)
-        raise ConfigError(f"{name} must be {what}, got {value!r}") from None
+    return typed_value(name, FIELD_TYPES[name], value, switch=name in SWITCH_FIELDS)
 
 
 def coerce_mapping(data: Mapping[Any, Any], source: str) -> dict[str, Any]:

@@ -24,13 +24,13 @@ from rl_graphstep.config import (
     coerce_mapping,
     field_default,
     flag_of,
-    group_seeds,
     removed_flags,
     saved_config_values,
     value_problem,
 )
 from rl_graphstep.configfile import default_config_file, read_config_file
 from rl_graphstep.errors import ConfigError
+from rl_graphstep.seedgroup import check_resumed_seeds, check_seed_flags, group_seeds
 
 if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11+; the package supports 3.10
     from importlib.resources.abc import Traversable
@@ -207,41 +207,11 @@ def command_line_values(argv: Sequence[str] | None = None) -> dict[str, Any]:
     for name in ("hidden_sizes", "seeds"):
         if name in given:
             given[name] = tuple(given[name])
-    _check_seed_flags(given)
+    check_seed_flags(given)
     for name in KWARGS_FIELDS:
         if name in given:
             given[name] = _parse_kwargs_flag(name, given[name])
     return given
-
-
-def _check_seed_flags(given: Mapping[str, Any]) -> None:
-    """The seed flags that name the group twice over (as given, even where they agree)."""
-    if "seeds" in given and "num_seeds" in given:
-        raise ConfigError("--seeds and --num-seeds cannot both be given: --seeds lists the "
-                          "group's seeds, --num-seeds N runs --seed to --seed + N - 1")
-    if "seeds" in given and "seed" in given:
-        raise ConfigError("--seed and --seeds cannot both be given: --seeds lists every seed "
-                          "of the group (--seed N --num-seeds K runs N to N + K - 1)")
-
-
-def _check_resumed_seeds(saved: Mapping[str, Any], given: Mapping[str, Any]) -> None:
-    """A group resumes with the seeds it started with: its checkpoint holds one state per
-    seed. A single run keeps what it always did (a --seed given on resume changes nothing
-    that the checkpoint restores)."""
-    seeds = group_seeds(saved.get("seed", FIELDS["seed"].default),
-                        saved.get("num_seeds", FIELDS["num_seeds"].default),
-                        saved.get("seeds", FIELDS["seeds"].default))
-    count = "1 seed" if len(seeds) == 1 else f"{len(seeds)} seeds"
-    which = f"the resumed run has {count} ({' '.join(map(str, seeds))})"
-    if "num_seeds" in given and given["num_seeds"] != len(seeds):
-        raise ConfigError(f"--num-seeds {given['num_seeds']} does not match: {which}, and a "
-                          "run resumes with its own seeds; drop --num-seeds")
-    if "seeds" in given and tuple(given["seeds"]) != seeds:
-        raise ConfigError(f"--seeds {' '.join(map(str, given['seeds']))} does not match: "
-                          f"{which}, and a run resumes with its own seeds; drop --seeds")
-    if "seed" in given and len(seeds) > 1 and given["seed"] != seeds[0]:
-        raise ConfigError(f"--seed {given['seed']} does not match: {which}, and a run "
-                          "resumes with its own seeds; drop --seed")
 
 
 def load_config(argv: Sequence[str] | None = None, *,
@@ -259,7 +229,8 @@ def load_config(argv: Sequence[str] | None = None, *,
                               "its own config; override single settings with their flags")
         saved = coerce_mapping(saved_config_values(base, resuming=True),
                                "the resumed run's config")
-        _check_resumed_seeds(saved, given)
+        check_resumed_seeds(group_seeds(*(saved.get(name, FIELDS[name].default)
+                                          for name in ("seed", "num_seeds", "seeds"))), given)
         return Config(**{**saved, **given})
     if config_file is None:
         # The env's shipped file for the --algo given (a --config file replaces it altogether).

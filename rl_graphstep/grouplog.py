@@ -6,14 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 
 import numpy as np
 import torch
 from torch.utils.tensorboard import SummaryWriter
 
 from rl_graphstep.aggregate import group_returns
-from rl_graphstep.logger import Logger
+from rl_graphstep.logger import EventLog, Logger
 from rl_graphstep.metrics import MetricSums
 
 AGGREGATE_DIR = "aggregate"
@@ -29,7 +28,7 @@ def seed_dir_name(seed: int) -> str:
     return f"seed_{seed}"
 
 
-class GroupLogger:
+class GroupLogger(EventLog):
     """The tensorboard runs of a group of K seeds: ``<group_dir>/seed_<s>/`` for each seed
     (its losses, returns and charts, and the hyperparameters table) and
     ``<group_dir>/aggregate/`` (the group's curves and what belongs to no one seed, such as
@@ -57,7 +56,6 @@ class GroupLogger:
                                         purge_step=purge_step)
         self.runs = [Logger(self.group_dir / seed_dir_name(seed), _seed_table(config_table, seed),
                             purge_step=purge_step) for seed in self.seeds]
-        self._closed = False
 
     def run_dir(self, index: int) -> Path:
         """The folder of the run of the group's ``index``-th seed."""
@@ -115,32 +113,12 @@ class GroupLogger:
             run.flush()
         self._aggregate.flush()
 
-    def close(self) -> None:
-        """Flush and close every event file; safe to call twice."""
-        if self._closed:
-            return
-        self._closed = True
+    def _close_files(self) -> None:
         try:
             for run in self.runs:
                 run.close()
         finally:
             self._aggregate.close()
-
-    @property
-    def closed(self) -> bool:
-        """Whether close() has run."""
-        return self._closed
-
-    def __enter__(self) -> GroupLogger:
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        # Also on exceptions and KeyboardInterrupt: what was logged must reach the disk.
-        try:
-            self.flush()
-        finally:
-            self.close()
 
 
 def _seed_table(config_table: str | None, seed: int) -> str | None:

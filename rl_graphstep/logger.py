@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch.utils.tensorboard import SummaryWriter
@@ -13,8 +13,51 @@ from torch.utils.tensorboard import SummaryWriter
 from rl_graphstep.config import Config, config_to_dict
 from rl_graphstep.metrics import MetricSums
 
+_Log = TypeVar("_Log", bound="EventLog")
 
-class Logger:
+
+class EventLog:
+    """What every tensorboard logger shares: `close` closes its event files once (safe to
+    call twice), and a ``with`` block flushes and closes them when it ends, however it ends.
+    A subclass writes `flush` and `_close_files`."""
+
+    _closed = False
+
+    def flush(self) -> None:
+        """Write pending events to disk."""
+        raise NotImplementedError
+
+    def _close_files(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Flush and close the event files; safe to call twice."""
+        if not self._closed:
+            self._closed = True
+            self._close_files()
+
+    @property
+    def closed(self) -> bool:
+        """Whether close() has run."""
+        return self._closed
+
+    def __enter__(self: _Log) -> _Log:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # Also on exceptions and KeyboardInterrupt: what was logged must reach the disk.
+        try:
+            self.flush()
+        finally:
+            self.close()
+
+
+class Logger(EventLog):
     """A SummaryWriter under `run_dir` plus device-side running sums of scalar tensors.
 
     Args:
@@ -39,7 +82,6 @@ class Logger:
         # The running sums `accumulate` adds into; the training loop binds them to the
         # learner, whose update graphs then add into them on the device.
         self.sums = MetricSums()
-        self._closed = False
         if config_table is not None:
             self._writer.add_text("hyperparameters", config_table)
 
@@ -71,31 +113,8 @@ class Logger:
         """Write pending events to disk."""
         self._writer.flush()
 
-    def close(self) -> None:
-        """Flush and close the event file; safe to call twice."""
-        if not self._closed:
-            self._closed = True
-            self._writer.close()
-
-    @property
-    def closed(self) -> bool:
-        """Whether close() has run."""
-        return self._closed
-
-    def __enter__(self) -> Logger:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        # Also on exceptions and KeyboardInterrupt: what was logged must reach the disk.
-        try:
-            self.flush()
-        finally:
-            self.close()
+    def _close_files(self) -> None:
+        self._writer.close()
 
 
 def to_markdown_table(cfg: Config) -> str:

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from rl_graphstep import buffer as buffer_module
-from rl_graphstep.buffer import BatchSampler, CriticTargets, ReplayBuffer, RowLayout, write_rows
-from rl_graphstep.errors import CaptureError, ConfigError
+from rl_graphstep.buffer import ReplayBuffer
+from rl_graphstep.errors import ConfigError
 
 OBS, ACT = 3, 2
 
@@ -140,32 +140,6 @@ def test_sample_from_empty_buffer_fails_clearly() -> None:
         replay.sample(4)
 
 
-def test_row_layout() -> None:
-    replay = ReplayBuffer(4, OBS, ACT, "cpu")
-    replay.add(*batch(0, 2))
-    rows = replay.storage[:2]
-    layout = replay.layout
-    assert isinstance(layout, RowLayout) and layout.row_size == replay.row_size == 10
-    torch.testing.assert_close(rows[:, layout.observations],
-                               torch.tensor([[0, 0.1, 0.2], [1, 1.1, 1.2]]))
-    torch.testing.assert_close(rows[:, layout.actions], torch.tensor([[0, -0.5], [-1, -1.5]]))
-    assert rows[:, layout.rewards].flatten().tolist() == [0.0, 10.0]
-    assert rows[:, layout.not_dones].flatten().tolist() == [1.0, 0.0]
-    torch.testing.assert_close(
-        rows[:, layout.next_observations],
-        torch.tensor([[1000, 1000.1, 1000.2], [1001, 1001.1, 1001.2]]))
-    # The critic's inputs and targets are two adjacent ranges covering the row.
-    assert (layout.critic_inputs, layout.critic_targets) == (slice(0, 5), slice(5, 10))
-    targets = layout.split_targets(rows[:, layout.critic_targets])
-    assert isinstance(targets, CriticTargets)
-    assert targets.rewards.shape == targets.not_dones.shape == (2, 1)
-    assert torch.equal(targets.rewards, rows[:, layout.rewards])
-    assert torch.equal(targets.not_dones, rows[:, layout.not_dones])
-    assert torch.equal(targets.next_observations, rows[:, layout.next_observations])
-    # Views, not copies: they share the rows' memory.
-    assert targets.next_observations.data_ptr() == rows[:, 7:].data_ptr()
-
-
 def test_too_big_for_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         buffer_module, "_available_memory", lambda device: (2**30, "cpu has 1.0 GiB free")
@@ -237,18 +211,6 @@ def test_cuda_storage_add_and_sample() -> None:
     assert rows.device == replay.device and rows.shape == (32, 10)
 
 
-def test_write_rows_wraps_at_the_end_and_advances_position_and_size() -> None:
-    storage = torch.zeros(5, 2)
-    position, size = torch.zeros((), dtype=torch.int64), torch.zeros((), dtype=torch.int64)
-    offsets = torch.arange(2)
-    for start in range(0, 8, 2):
-        rows = torch.tensor([[start, 0.0], [start + 1, 0.0]])
-        write_rows(storage, position, size, rows, offsets)
-    # Rows 0..7 into a ring of 5: 5, 6, 7 overwrote 0, 1, 2.
-    assert storage[:, 0].tolist() == [5.0, 6.0, 7.0, 3.0, 4.0]
-    assert position.item() == 3 and size.item() == 5
-
-
 @pytest.mark.parametrize("n", [1, 3, 7])
 def test_adds_keep_the_device_position_and_size_in_step(n: int) -> None:
     replay = ReplayBuffer(5, OBS, ACT, "cpu")
@@ -261,106 +223,3 @@ def test_adds_keep_the_device_position_and_size_in_step(n: int) -> None:
     assert restored.position_tensor.item() == replay.position
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("n", [1, 2, 4])
-def test_cuda_adds_replay_a_write_graph_that_equals_the_plain_write(n: int) -> None:
-    """Each add replays a captured write (two graphs, one per pinned staging buffer): the
-    ring ends as a CPU buffer given the same adds, position and fill level included."""
-    replay, reference = ReplayBuffer(7, OBS, ACT, "cuda"), ReplayBuffer(7, OBS, ACT, "cpu")
-    replay.add(*batch(0, n))  # captures the write graphs
-    reference.add(*batch(0, n))
-    # Every tensor the graphs read must outlive them: claim the freed small blocks with a
-    # large number, so a graph that reads a freed one writes its rows out of place.
-    clutter = [torch.full((64,), 10**6, dtype=torch.int64, device="cuda") for _ in range(4096)]
-    for start in range(n, 40 * n, n):
-        for buffer in (replay, reference):
-            buffer.add(*batch(start, n))
-    del clutter
-    assert replay._write_graphs is not None and len(replay._write_graphs) == 2
-    torch.testing.assert_close(replay.storage.cpu(), reference.storage, rtol=0, atol=0)
-    assert replay.position_tensor.item() == replay.position == reference.position
-    assert replay.size_tensor.item() == len(replay) == 7
-    # A batch longer than the ring takes the plain path and keeps the device counters right.
-    replay.add(*batch(1000, 9))
-    reference.add(*batch(1000, 9))
-    torch.testing.assert_close(replay.storage.cpu(), reference.storage, rtol=0, atol=0)
-    assert replay.position_tensor.item() == replay.position == reference.position
-
-
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_adds_write_plainly_when_the_write_cannot_be_captured(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    def fails(function: object, device: torch.device, *, what: str, **_: object) -> None:
-        raise CaptureError(f"could not capture {what}: RuntimeError: boom")
-
-    monkeypatch.setattr(buffer_module, "capture_graph", fails)
-    replay, reference = ReplayBuffer(7, OBS, ACT, "cuda"), ReplayBuffer(7, OBS, ACT, "cpu")
-    with pytest.warns(UserWarning, match="could not capture the replay buffer's write: "
-                                         "RuntimeError: boom; writing the replay buffer "
-                                         "without a graph"):
-        replay.add(*batch(0, 2))
-    reference.add(*batch(0, 2))
-    for start in range(2, 20, 2):
-        replay.add(*batch(start, 2))
-        reference.add(*batch(start, 2))
-    torch.testing.assert_close(replay.storage.cpu(), reference.storage, rtol=0, atol=0)
-    assert replay._write_graphs is None
-    assert replay.position_tensor.item() == replay.position == reference.position
-
-
-def counting_buffer(rows: int = 50) -> ReplayBuffer:
-    replay = ReplayBuffer(100, 2, 1, "cpu")
-    index = np.arange(rows, dtype=np.float32)
-    replay.add(np.stack([index, -index], 1), index[:, None] / 100, index, np.stack(
-        [index + 0.5, index - 0.5], 1), index % 7 == 0)
-    return replay
-
-
-def test_sampler_writes_column_slices_of_buffer_rows() -> None:
-    replay = counting_buffer()
-    head, tail = torch.zeros(64, 3), torch.zeros(64, 4)
-    sampler = BatchSampler(replay, 64, [(head, slice(0, 3)), (tail, slice(3, None))])
-    sampler()
-    rows = torch.cat([head, tail], 1)
-    # Every sampled row is a stored row, whole (the two outputs come from the same draw).
-    index = rows[:, 0].long()
-    assert index.min() >= 0 and index.max() < 50
-    torch.testing.assert_close(rows, replay.storage[index])
-    first = rows.clone()
-    sampler()
-    assert not torch.equal(torch.cat([head, tail], 1), first)  # a fresh draw each call
-    assert sampler.graph is None
-
-
-def test_sampler_draw_is_the_call_without_a_graph() -> None:
-    replay = counting_buffer()
-    outputs = [torch.zeros(16, 7), torch.zeros(16, 7)]
-    samplers = [BatchSampler(replay, 16, [(out, slice(0, 7))]) for out in outputs]
-    torch.manual_seed(4)
-    samplers[0]()
-    torch.manual_seed(4)
-    samplers[1].draw()
-    assert torch.equal(outputs[0], outputs[1])
-
-
-def test_sampler_reads_the_current_fill_level() -> None:
-    replay = counting_buffer(rows=10)
-    out = torch.zeros(512, 1)
-    sampler = BatchSampler(replay, 512, [(out, slice(0, 1))])
-    sampler()
-    assert out.max() <= 9
-    index = np.arange(10, 60, dtype=np.float32)
-    replay.add(np.stack([index, -index], 1), np.zeros((50, 1)), index, np.zeros((50, 2)),
-               np.zeros(50, bool))
-    sampler()
-    assert out.max() > 9 and out.max() < 60  # rows added after the sampler was built
-
-
-def test_sampler_refuses_mismatched_outputs_and_empty_buffers() -> None:
-    with pytest.raises(ValueError, match=r"shape \(8, 2\) on cpu does not match its columns, "
-                                         r"\(8, 3\)"):
-        BatchSampler(counting_buffer(), 8, [(torch.zeros(8, 2), slice(0, 3))])
-    with pytest.raises(RuntimeError, match="empty replay buffer"):
-        BatchSampler(ReplayBuffer(10, 2, 1, "cpu"), 8, [(torch.zeros(8, 3), slice(0, 3))])

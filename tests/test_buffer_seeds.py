@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from rl_graphstep import buffer as buffer_module
-from rl_graphstep.buffer import BatchSampler, ReplayBuffer, write_seed_rows
+from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.errors import ConfigError
+from rl_graphstep.rows import BatchSampler
 
 OBS, ACT = 3, 2
 ROW = 2 * OBS + ACT + 2
@@ -113,20 +114,6 @@ def test_per_seed_wrap_around_equals_one_single_seed_ring_per_seed() -> None:
         assert torch.equal(replay.storage[seed], single.storage)
 
 
-def test_write_seed_rows_stores_the_flagged_rows_and_touches_nothing_else() -> None:
-    storage = torch.full((2, 4, 2), -1.0)
-    positions = torch.tensor([3, 0])
-    sizes = torch.tensor([4, 0])
-    staged = torch.tensor([[[7.0, 7.0, 1.0], [8.0, 8.0, 1.0], [9.0, 9.0, 0.0]],
-                           [[5.0, 5.0, 0.0], [6.0, 6.0, 0.0], [4.0, 4.0, 0.0]]])
-    write_seed_rows(storage, positions, sizes, staged, torch.arange(3),
-                    torch.arange(2)[:, None] * 4)
-    # Seed 0 wraps: 7 -> slot 3, 8 -> slot 0; its unflagged row 9 writes nothing.
-    assert storage[0, :, 0].tolist() == [8.0, -1.0, -1.0, 7.0]
-    assert (storage[1] == -1).all()
-    assert positions.tolist() == [1, 0] and sizes.tolist() == [4, 0]
-
-
 def test_isolation_other_seeds_storage_counters_and_samples_are_identical() -> None:
     """Seed 0's rows (values and how many are kept) changed: every other seed's storage, fill
     level, position and samples stay identical to the bit."""
@@ -216,24 +203,6 @@ def test_one_seed_is_the_buffer_without_the_argument() -> None:
     assert states[0].keys() == states[1].keys() and "seeds" not in states[1]
     assert torch.equal(states[0]["storage"], states[1]["storage"])
     assert one.describe() == plain.describe()
-
-
-def test_sampler_writes_each_seeds_columns_into_its_row_of_the_outputs() -> None:
-    replay = ReplayBuffer(10, OBS, ACT, "cpu", seeds=3)
-    for step in range(3):
-        replay.add(*seeds_batch(3, step, 2))
-    head, tail = torch.zeros(3, 32, 5), torch.zeros(3, 32, ROW - 5)
-    sampler = BatchSampler(replay, 32, [(head, slice(0, 5)), (tail, slice(5, None))])
-    assert sampler.rows.shape == (3, 32, ROW)
-    sampler()
-    rows = torch.cat([head, tail], 2)
-    for seed in range(3):
-        index = rows[seed, :, 0].long() - 1000 * seed
-        assert index.min() >= 0 and index.max() < 6
-        assert torch.equal(rows[seed], replay.storage[seed, index])
-    with pytest.raises(ValueError, match=r"shape \(32, 5\) on cpu does not match its columns, "
-                                         r"\(3, 32, 5\)"):
-        BatchSampler(replay, 32, [(torch.zeros(32, 5), slice(0, 5))])
 
 
 def test_state_dict_round_trip_with_seeds() -> None:

@@ -23,13 +23,13 @@ from fakes import (
 from rl_graphstep.algorithms.base import OffPolicyAlgorithm
 from rl_graphstep.algorithms.sac import SAC
 from rl_graphstep.algorithms.td3 import TD3
-from rl_graphstep.buffer import BatchSampler
 from rl_graphstep.config import Config
 from rl_graphstep.errors import CaptureError
 from rl_graphstep.learners import fused, offpolicy
 from rl_graphstep.learners.fused import FusedUpdate
 from rl_graphstep.learners.offpolicy import OffPolicyLearner
 from rl_graphstep.metrics import MetricSums
+from rl_graphstep.rows import BatchSampler
 
 
 class RecordedCall:

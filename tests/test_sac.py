@@ -10,9 +10,9 @@ import torch
 from fakes import CPU, ROWS, FixedActor, LinearCritic, NoisyFixedActor, buffer_of, built_learner
 
 from rl_graphstep.algorithms.sac import SAC
-from rl_graphstep.buffer import RowLayout
 from rl_graphstep.config import Config
 from rl_graphstep.metrics import MetricSums
+from rl_graphstep.rows import RowLayout
 
 TARGETS = RowLayout.split_targets(ROWS[:, 3:])
 

@@ -10,10 +10,10 @@ import torch
 from fakes import CPU, ROWS, FixedDeterministicActor, LinearCritic, buffer_of, built_learner
 
 from rl_graphstep.algorithms import ALGORITHMS, DDPG, SAC, TD3
-from rl_graphstep.buffer import RowLayout
 from rl_graphstep.config import ALGORITHMS as CONFIG_ALGORITHMS
 from rl_graphstep.config import Config
 from rl_graphstep.metrics import MetricSums
+from rl_graphstep.rows import RowLayout
 
 TARGETS = RowLayout.split_targets(ROWS[:, 3:])
 

@@ -11,9 +11,9 @@ from torch import Tensor, nn
 
 from rl_graphstep.algorithms.base import Metrics, OffPolicyAlgorithm
 from rl_graphstep.algorithms.targets import PolyakAverage
-from rl_graphstep.buffer import CriticTargets
 from rl_graphstep.config import Config
 from rl_graphstep.networks import DeterministicActor
+from rl_graphstep.rows import CriticTargets
 
 
 class TD3(OffPolicyAlgorithm):

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from rl_graphstep.algorithms.base import Metrics, OffPolicyAlgorithm
-from rl_graphstep.buffer import BatchSampler, ReplayBuffer
+from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.config import Config
 from rl_graphstep.errors import CaptureError
 from rl_graphstep.graphstep import AdaptationStep, make_adaptation_step
@@ -27,6 +27,7 @@ from rl_graphstep.learners.fused import MAX_PHASES, FusedUpdate
 from rl_graphstep.metrics import MetricSums
 from rl_graphstep.networks import StateActionInput
 from rl_graphstep.plan import RunPlan, fall_back
+from rl_graphstep.rows import BatchSampler
 
 
 class RecordedLoss:

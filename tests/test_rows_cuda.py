@@ -1,5 +1,5 @@
-"""GPU tests of the replay sampling and writes: a captured draw matches the eager one and
-reads the buffer's current fill level; with K seeds, the captured write equals the CPU one."""
+"""GPU tests of the replay sampler: a captured draw matches the eager one and reads the
+buffer's current fill levels, one seed's or each of K seeds'."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from rl_graphstep import buffer as buffer_module
-from rl_graphstep.buffer import BatchSampler, ReplayBuffer
-from rl_graphstep.errors import CaptureError
+from rl_graphstep.buffer import ReplayBuffer
+from rl_graphstep.rows import BatchSampler
 
 pytestmark = pytest.mark.cuda
 DEVICE = torch.device("cuda")
@@ -47,54 +46,6 @@ def seeds_transition(rng: np.random.Generator, seeds: int, n: int):
     total = seeds * n
     return (rng.normal(size=(total, 17)), rng.uniform(-1, 1, (total, 6)), rng.normal(size=total),
             rng.normal(size=(total, 17)), rng.random(total) < 0.05)
-
-
-@pytest.mark.parametrize("n", [1, 3])
-def test_seed_adds_replay_a_write_graph_that_equals_the_cpu_write(n: int) -> None:
-    """K seeds' adds, each seed keeping its own rows (some none), replay a captured write
-    (one per pinned staging buffer); the rings, fill levels and positions end as on the CPU."""
-    seeds = 4
-    replay = ReplayBuffer(7, 17, 6, DEVICE, seeds=seeds)
-    reference = ReplayBuffer(7, 17, 6, "cpu", seeds=seeds)
-    rng = np.random.default_rng(0)
-    # Freed small blocks claimed with a large number: a graph that read a freed tensor would
-    # write its rows out of place.
-    clutter: list[torch.Tensor] = []
-    for step in range(30):
-        transition = seeds_transition(rng, seeds, n)
-        keep = rng.random(seeds * n) < 0.7
-        for buffer in (replay, reference):
-            buffer.add(*transition, keep=keep)
-        if step == 0:
-            clutter = [torch.full((64,), 10**6, dtype=torch.int64, device=DEVICE)
-                       for _ in range(4096)]
-    del clutter
-    assert replay._write_graphs is not None and len(replay._write_graphs) == 2
-    assert torch.equal(replay.storage.cpu(), reference.storage)
-    assert replay.sizes == reference.sizes and replay.positions == reference.positions
-    assert replay.size_tensor.tolist() == list(replay.sizes)
-    assert replay.position_tensor.tolist() == list(replay.positions)
-
-
-def test_seed_adds_write_plainly_when_the_write_cannot_be_captured(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    def fails(function: object, device: torch.device, *, what: str, **_: object) -> None:
-        raise CaptureError(f"could not capture {what}: RuntimeError: boom")
-
-    monkeypatch.setattr(buffer_module, "capture_graph", fails)
-    replay = ReplayBuffer(5, 17, 6, DEVICE, seeds=3)
-    reference = ReplayBuffer(5, 17, 6, "cpu", seeds=3)
-    rng = np.random.default_rng(1)
-    adds = [(seeds_transition(rng, 3, 2), rng.random(6) < 0.5) for _ in range(9)]
-    with pytest.warns(UserWarning, match="writing the replay buffer without a graph"):
-        replay.add(*adds[0][0], keep=adds[0][1])
-    for transition, keep in adds[1:]:
-        replay.add(*transition, keep=keep)
-    for transition, keep in adds:
-        reference.add(*transition, keep=keep)
-    assert replay._write_graphs is None
-    assert torch.equal(replay.storage.cpu(), reference.storage)
-    assert replay.position_tensor.tolist() == list(reference.positions)
 
 
 def test_captured_seed_sampling_matches_eager_and_reads_each_seeds_fill_level() -> None:
