@@ -236,6 +236,17 @@ def test_learns_pendulum_on_cpu(algo: str, steps: int, tmp_path: Path) -> None:
     assert summary["mean_return_last_10"] >= -300, summary
 
 
+@pytest.mark.slow
+def test_a_seed_group_learns_pendulum_in_every_seed_on_cpu(tmp_path: Path) -> None:
+    """Three TD3 seeds in one process, the shipped config's 15,000 steps each."""
+    cfg = load_config(["--env", "Pendulum-v1", "--algo", "td3", "--seed", "0",
+                       "--num-seeds", "3", "--device", "cpu", "--log-dir", str(tmp_path),
+                       "--no-progress"])
+    summary = train(cfg)
+    means = [sum(r) / len(r) for r in summary["recent_returns"]]
+    assert len(means) == 3 and min(means) >= -300, means
+
+
 def test_runs_named_in_the_same_second_get_a_folder_each(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two runs started in one second of the clock (the default name's resolution) keep
