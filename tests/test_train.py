@@ -238,10 +238,12 @@ def test_learns_pendulum_on_cpu(algo: str, steps: int, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_seed_group_learns_pendulum_in_every_seed_on_cpu(tmp_path: Path) -> None:
-    """Three TD3 seeds in one process, the shipped config's 15,000 steps each."""
+    """Three TD3 seeds in one process, the shipped config's 15,000 steps each, with 64-64
+    networks: on the CPU the eager batched update of three 256-256 seeds took 857 s, of three
+    64-64 ones 207 s (every seed learned with both)."""
     cfg = load_config(["--env", "Pendulum-v1", "--algo", "td3", "--seed", "0",
-                       "--num-seeds", "3", "--device", "cpu", "--log-dir", str(tmp_path),
-                       "--no-progress"])
+                       "--num-seeds", "3", "--hidden-sizes", "64", "64", "--device", "cpu",
+                       "--log-dir", str(tmp_path), "--no-progress"])
     summary = train(cfg)
     means = [sum(r) / len(r) for r in summary["recent_returns"]]
     assert len(means) == 3 and min(means) >= -300, means
