@@ -31,8 +31,8 @@ class FusedUpdate:
             critic step, target update, actor steps when due) and returns its metrics; called
             once per phase, inside the capture.
         announced: ``announced(update)``, the metrics ``record`` returns (any tensors of their
-            shapes, in their order), known before the
-            capture so that their sums exist before a graph adds into them.
+            shapes, in their order), known before the capture so that their sums exist
+            before a graph adds into them.
         period: the schedule's period.
         sums: where each replay adds its metrics.
         device: the CUDA device.
