@@ -8,6 +8,7 @@ import gc
 
 import pytest
 import torch
+from cudatools import DEVICE, batches, mlp, mse
 from torch import nn
 
 from rl_graphstep.errors import CaptureError
@@ -19,22 +20,6 @@ from rl_graphstep.graphstep import (
 from rl_graphstep.guards import clip_grad_norm
 
 pytestmark = pytest.mark.cuda
-DEVICE = "cuda"
-
-
-def mlp(seed: int = 0, width: int = 64) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 2)).to(DEVICE)
-
-
-def mse(prediction: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return ((prediction - targets) ** 2).mean()
-
-
-def batches(n: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator(device=DEVICE).manual_seed(seed)
-    return [(torch.randn(32, 4, device=DEVICE, generator=g),
-             torch.randn(32, 2, device=DEVICE, generator=g)) for _ in range(n)]
 
 
 def adam(params, **kwargs) -> torch.optim.Adam:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
+from cudatools import batches, mlp, mse
 
 from rl_graphstep.capture import Snapshot, capturing, warm_up
 from rl_graphstep.graphstep import CudaGraphAdaptationStep, EagerAdaptationStep
@@ -14,22 +14,6 @@ from rl_graphstep.guards import GradNormClip, NonFiniteGuard, clip_grad_norm
 from rl_graphstep.update_body import UpdateBody
 
 pytestmark = pytest.mark.cuda
-DEVICE = "cuda"
-
-
-def mlp(seed: int = 0, width: int = 64) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Linear(width, 2)).to(DEVICE)
-
-
-def mse(prediction: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return ((prediction - targets) ** 2).mean()
-
-
-def batches(n: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    g = torch.Generator(device=DEVICE).manual_seed(seed)
-    return [(torch.randn(32, 4, device=DEVICE, generator=g),
-             torch.randn(32, 2, device=DEVICE, generator=g)) for _ in range(n)]
 
 
 def adam(params) -> torch.optim.Adam:

@@ -235,24 +235,27 @@ def test_the_state_dict_has_the_checkpoint_keys_and_resumes_exactly(
         resumed.load_state_dict(state)
 
 
-def refusing_compile(monkeypatch: pytest.MonkeyPatch) -> list[tuple[bool, bool]]:
-    """make_adaptation_step that refuses to compile; returns the (use_graph, compile) calls."""
+def failing_steps(monkeypatch: pytest.MonkeyPatch, setting: str, error: Exception
+                  ) -> list[tuple[bool, bool]]:
+    """make_adaptation_step raising ``error`` whenever its ``setting`` (``"use_graph"`` or
+    ``"compile"``) is on; returns the (use_graph, compile) calls."""
     real = offpolicy.make_adaptation_step
     calls = []
 
-    def refusing(*args: object, use_graph: bool, compile: bool, **kwargs: object):
+    def failing(*args: object, use_graph: bool, compile: bool, **kwargs: object):
         calls.append((use_graph, compile))
-        if compile:
-            raise CompileError("could not compile the update of Critic: boom")
+        if {"use_graph": use_graph, "compile": compile}[setting]:
+            raise error
         return real(*args, use_graph=use_graph, compile=compile, **kwargs)
 
-    monkeypatch.setattr(offpolicy, "make_adaptation_step", refusing)
+    monkeypatch.setattr(offpolicy, "make_adaptation_step", failing)
     return calls
 
 
 def test_the_learner_runs_uncompiled_when_compiling_fails(monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
-    calls = refusing_compile(monkeypatch)
+    calls = failing_steps(monkeypatch, "compile",
+                          CompileError("could not compile the update of Critic: boom"))
     sac = make()
     learner = OffPolicyLearner(sac, buffer_of(ROWS), sac.cfg,
                                cpu_plan(compile=True, compile_fallback=True))
@@ -273,16 +276,8 @@ def test_a_capture_failure_falls_back_to_eager_and_uncompiled(monkeypatch: pytes
                                                                 ) -> None:
     """A step that cannot be captured (not a compiler failure) keeps the compile setting
     out of it: with graph and compile both automatic, it runs eagerly and uncompiled."""
-    real = offpolicy.make_adaptation_step
-    calls = []
-
-    def no_graphs(*args: object, use_graph: bool, compile: bool, **kwargs: object):
-        calls.append((use_graph, compile))
-        if use_graph:
-            raise CaptureError("could not capture the update of Critic: a host sync")
-        return real(*args, use_graph=use_graph, compile=compile, **kwargs)
-
-    monkeypatch.setattr(offpolicy, "make_adaptation_step", no_graphs)
+    calls = failing_steps(monkeypatch, "use_graph",
+                          CaptureError("could not capture the update of Critic: a host sync"))
     sac = make()
     # As on CUDA with --graph auto --compile auto for a long run.
     plan = cpu_plan(graphs=True, compile=True, action_stream=True, graph_fallback=True,
