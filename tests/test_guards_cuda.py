@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cudatools import batches, mlp, mse
+from cudatools import DEVICE, batches, mlp, mse
+from torch import nn
 
 from rl_graphstep.capture import Snapshot, capturing, warm_up
 from rl_graphstep.graphstep import CudaGraphAdaptationStep, EagerAdaptationStep
