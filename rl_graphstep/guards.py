@@ -52,9 +52,11 @@ class NonFiniteGuard:
 
     def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
         self.optimizer = optimizer
-        self.device = device
         self.skipped = torch.zeros((), dtype=torch.int64, device=device)
         self.consecutive = torch.zeros((), dtype=torch.int64, device=device)
+        # The tensors' device, indexed ("cuda" -> "cuda:0"), so that it compares equal to the
+        # parameters' devices: with "cuda" nothing would be backed up and a skip not undone.
+        self.device = self.skipped.device
         self._tensors: list[Tensor] = []
         self._backups: list[Tensor] = []
 

@@ -8,7 +8,7 @@ import torch
 from cudatools import batches, mlp, mse
 
 from rl_graphstep.graphstep import CudaGraphAdaptationStep, EagerAdaptationStep
-from rl_graphstep.guards import clip_grad_norm
+from rl_graphstep.guards import NonFiniteGuard, clip_grad_norm
 
 pytestmark = pytest.mark.cuda
 
@@ -53,4 +53,25 @@ def test_a_nan_batch_is_skipped_inside_the_graph() -> None:
     assert graph_step.guard is not None and graph_step.guard.skipped.item() == 1
     for p, q in zip(graph_module.parameters(), eager_module.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_a_guard_on_the_unindexed_cuda_device_still_undoes_a_bad_step() -> None:
+    """``torch.device("cuda")`` names the same GPU as the parameters' ``cuda:0``: the guard
+    backs them up and puts them back after a step on a non-finite loss."""
+    module = mlp()
+    optimizer = adam(module.parameters())
+    guard = NonFiniteGuard(optimizer, torch.device("cuda"))
+    assert guard.device == next(module.parameters()).device
+    inputs, targets = batches(1)[0]
+    for bad in (False, True):
+        before = [p.detach().clone() for p in module.parameters()]
+        optimizer.zero_grad()
+        loss = mse(module(inputs), targets) * (float("nan") if bad else 1.0)
+        loss.backward()
+        keep = guard.before_step(loss, list(module.parameters()))
+        optimizer.step()
+        guard.after_step(keep)
+        changed = [not torch.equal(p, q) for p, q in zip(module.parameters(), before, strict=True)]
+        assert all(changed) if not bad else not any(changed)
+    assert guard.skipped.item() == 1
 
