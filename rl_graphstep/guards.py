@@ -200,11 +200,13 @@ class NonFiniteGuard:
     def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device,
                  seeds: int = 1) -> None:
         self.optimizer = optimizer
-        self.device = device
         self.seeds = _check_seeds(seeds)
         counts = () if seeds == 1 else (seeds,)
         self.skipped = torch.zeros(counts, dtype=torch.int64, device=device)
         self.consecutive = torch.zeros(counts, dtype=torch.int64, device=device)
+        # The tensors' device, indexed ("cuda" -> "cuda:0"), so that it compares equal to the
+        # parameters' devices: with "cuda" nothing would be backed up and a skip not undone.
+        self.device = self.skipped.device
         self._tensors: list[Tensor] = []
         self._backups: list[Tensor] = []
         self._layout: _SeedLayout | None = None

@@ -150,3 +150,24 @@ def test_a_captured_seed_update_clips_and_skips_each_seed_alone() -> None:
         assert torch.equal(a[1], b[1])  # the bad seed's update was undone
     for p, q in zip(clean_body.parameters, eager.parameters, strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)  # the graph is the eager twin
+
+
+def test_a_guard_on_the_unindexed_cuda_device_still_undoes_a_bad_step() -> None:
+    """``torch.device("cuda")`` names the same GPU as the parameters' ``cuda:0``: the guard
+    backs them up and puts them back after a step on a non-finite loss."""
+    module = mlp()
+    optimizer = adam(module.parameters())
+    guard = NonFiniteGuard(optimizer, torch.device("cuda"))
+    assert guard.device == next(module.parameters()).device
+    inputs, targets = batches(1)[0]
+    for bad in (False, True):
+        before = [p.detach().clone() for p in module.parameters()]
+        optimizer.zero_grad()
+        loss = mse(module(inputs), targets) * (float("nan") if bad else 1.0)
+        loss.backward()
+        keep = guard.before_step(loss, list(module.parameters()))
+        optimizer.step()
+        guard.after_step(keep)
+        changed = [not torch.equal(p, q) for p, q in zip(module.parameters(), before, strict=True)]
+        assert all(changed) if not bad else not any(changed)
+    assert guard.skipped.item() == 1

@@ -153,7 +153,7 @@ def test_graph_auto_falls_back_to_eager_when_capture_fails(tmp_path: Path) -> No
     assert summary["graph"] is False
     # the failing line is the actor's, reached from the critic loss's target actions
     with pytest.raises(CaptureError, match=r"could not capture the update of EnsembleCritic "
-                                           r"\(via StateActionInput\) \(at tests/test_loop_cu"):
+                                           r"\(via StateActionInput\) \(at tests/test_train_cu"):
         train(load_config([*base, "--graph", "on"]), actor=Unsupported)
 
 
