@@ -49,14 +49,21 @@ class RngStates:
         self.device = device
         self.cpu = torch.get_rng_state()
         self.cuda = torch.cuda.get_rng_state(device)
-        self.generator = torch.cuda.default_generators[device.index or 0]
-        self.generator_backup = self.generator.clone_state()
 
     def reset_after_failure(self) -> None:
-        """After a failed capture: the generator is left in capture mode (every later random
-        draw would fail); a clean copy of it also undoes the warm-up's draws."""
-        self.generator.graphsafe_set_state(self.generator_backup)
-        torch.set_rng_state(self.cpu)
+        """After a failed capture: its generator state is left in capture mode (every later
+        random draw would fail). A capture that ends cleanly takes that state out of capture
+        mode in place, so the graphs captured before keep sharing it with eager draws (a fresh
+        state swapped in would leave them on the old one, unseeded by ``torch.manual_seed``
+        and drawing the same numbers as the new one); then both generators go back to their
+        values before the capture, which also undoes the warm-up's draws."""
+        ended = torch.cuda.CUDAGraph()
+        # A failure that broke the CUDA context breaks this capture too; the caller's error
+        # says why, so this one is not raised over it.
+        with contextlib.suppress(RuntimeError), torch.cuda.graph(ended):
+            torch.zeros((), device=self.device)
+        del ended
+        self.restore()
 
     def restore(self) -> None:
         """After a capture that worked: both generators as they were before it."""

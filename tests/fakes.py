@@ -100,13 +100,14 @@ def built_learner(algorithm: OffPolicyAlgorithm, buffer: ReplayBuffer,
     return learner
 
 
-def assert_same_learning_state(actual: OffPolicyLearner, expected: OffPolicyLearner) -> None:
+def assert_same_learning_state(actual: OffPolicyLearner, expected: OffPolicyLearner, *,
+                               rtol: float = 0.0, atol: float = 0.0) -> None:
     """Two learners' checkpointed parts (networks, targets, optimizers, temperature, update
-    count) equal to the bit, each named on a mismatch."""
+    count) equal to the bit (or within ``rtol``/``atol``), each named on a mismatch."""
     mine, theirs = actual.state_dict(), expected.state_dict()
     assert mine.keys() == theirs.keys()
     for name, part in theirs.items():
-        torch.testing.assert_close(mine[name], part, rtol=0, atol=0, msg=name)
+        torch.testing.assert_close(mine[name], part, rtol=rtol, atol=atol, msg=name)
 
 
 class PoisonedPendulum(gym.Wrapper):

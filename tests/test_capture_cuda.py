@@ -49,3 +49,28 @@ def test_a_failed_capture_names_the_cause_and_leaves_random_draws_working() -> N
     with pytest.raises(CaptureError, match=message):
         capture_graph(host_sync, DEVICE, what="the test's function")
     assert torch.randn(3, device=DEVICE).isfinite().all()
+
+
+def test_a_failed_capture_leaves_earlier_graphs_on_the_seeded_generator() -> None:
+    """Graphs captured before a failed one still follow ``torch.manual_seed``, and eager draws
+    continue after their numbers instead of repeating them."""
+    out = torch.zeros(4, device=DEVICE)
+
+    def draw() -> torch.Tensor:
+        return out.copy_(torch.rand(4, device=DEVICE))
+
+    graph, _ = capture_graph(draw, DEVICE, what="a draw")
+    torch.manual_seed(3)
+    graph.replay()
+    seeded = out.clone()
+    x = torch.ones(3, device=DEVICE)
+    with pytest.raises(CaptureError):
+        capture_graph(lambda: x * 2 if x.sum().item() > 0 else x, DEVICE, what="a sync")
+    torch.manual_seed(3)
+    graph.replay()
+    assert torch.equal(out, seeded)
+    eager = torch.rand(4, device=DEVICE)
+    graph.replay()
+    assert not torch.equal(eager, seeded) and not torch.equal(out, seeded)
+    assert not torch.equal(out, eager)
+

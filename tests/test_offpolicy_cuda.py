@@ -136,7 +136,12 @@ def test_updates_from_the_buffer_graph_match_eager(compile: bool) -> None:
 def test_fused_update_graphs_match_the_separate_graphs_bit_for_bit(compile: bool) -> None:
     """One graph per update (sampling, critic, target update, actor steps when due) runs the
     separate graphs' kernels in their order, drawing the same random numbers; it adds the
-    metrics into the sums inside the graph, the separate replays after each update."""
+    metrics into the sums inside the graph, the separate replays after each update.
+
+    Compiled, the two agree to float32 rounding rather than to the bit: on the H200 the actor
+    loss of one update in 50 came out one unit in the last place apart in some runs of the GPU
+    suite (and not in others, nor alone), as a compiled reduction whose order is not fixed
+    would."""
     buffer = filled_buffer()
     learners, per_update, interval = {}, {}, {}
     for fuse in (False, True):
@@ -150,10 +155,18 @@ def test_fused_update_graphs_match_the_separate_graphs_bit_for_bit(compile: bool
             made.update()
         learners[fuse], per_update[fuse], interval[fuse] = made, history, sums.take()
     assert learners[False].fused is None and len(learners[True].fused.phases) == 2
-    assert per_update[True] == per_update[False]
     assert len(per_update[True][0]) == 6 and len(per_update[True][1]) == 2  # actor: even ones
-    assert interval[True] == interval[False] and len(interval[True]) == 6
-    assert_same_learning_state(learners[True], learners[False])
+    assert len(interval[True]) == 6
+    if not compile:
+        assert per_update[True] == per_update[False]
+        assert interval[True] == interval[False]
+        assert_same_learning_state(learners[True], learners[False])
+        return
+    assert [m.keys() for m in per_update[True]] == [m.keys() for m in per_update[False]]
+    close = {"rtol": 1e-5, "atol": 1e-6}
+    torch.testing.assert_close(per_update[True], per_update[False], **close)
+    torch.testing.assert_close(interval[True], interval[False], **close)
+    assert_same_learning_state(learners[True], learners[False], **close)
 
 
 def test_compiled_steps_learn_the_same_as_plain_ones() -> None:
