@@ -1,5 +1,6 @@
-"""The benchmarks' learner: an algorithm with its default networks, over a replay buffer of
-random rows, built (captured or wrapped) as the training loop builds it."""
+"""The benchmarks' learner: an algorithm with its default networks (stacked, for a group of
+seeds), over a replay buffer of random rows, built (captured or wrapped) as the training loop
+builds it."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.config import Config
 from rl_graphstep.learners import OffPolicyLearner
 from rl_graphstep.metrics import MetricSums
+from rl_graphstep.netspec import make_seed_networks
 from rl_graphstep.plan import plan_run
 
 
@@ -20,28 +22,33 @@ def box(size: int) -> gym.spaces.Box:
 
 
 def random_buffer(rows: int, observation_size: int, action_size: int,
-                  device: torch.device) -> ReplayBuffer:
-    """A full buffer of ``rows`` random transitions (none terminal)."""
-    buffer = ReplayBuffer(rows, observation_size, action_size, device)
+                  device: torch.device, seeds: int = 1) -> ReplayBuffer:
+    """A full buffer of ``rows`` random transitions (none terminal), per seed with K seeds."""
+    buffer = ReplayBuffer(rows, observation_size, action_size, device, seeds=seeds)
     rng = np.random.default_rng(0)
-    buffer.add(rng.normal(size=(rows, observation_size)),
-               rng.uniform(-1, 1, (rows, action_size)), rng.normal(size=rows),
-               rng.normal(size=(rows, observation_size)), np.zeros(rows, bool))
+    total = rows * seeds
+    # Seed k's rows are k*rows .. (k+1)*rows - 1 of one add: the whole ring of each seed.
+    buffer.add(rng.normal(size=(total, observation_size)),
+               rng.uniform(-1, 1, (total, action_size)), rng.normal(size=total),
+               rng.normal(size=(total, observation_size)), np.zeros(total, bool))
     return buffer
 
 
 def built_learner(cfg: Config, observation_space: gym.spaces.Box, action_space: gym.spaces.Box,
                   device: torch.device, *, rows: int = 10_000, fuse: bool = True
                   ) -> OffPolicyLearner:
-    """``cfg.algo``'s learner on ``device`` with its updates built as ``cfg`` plans them
-    (``plan_run``; compile auto counts no updates ahead), no update run. Build it inside the
-    run's ``matmul_precision``: a captured graph keeps the kernels chosen at capture."""
+    """``cfg.algo``'s learner (of ``cfg``'s seeds) on ``device`` with its updates built as
+    ``cfg`` plans them (``plan_run``; compile auto counts no updates ahead), no update run.
+    Build it inside the run's ``matmul_precision``: a captured graph keeps the kernels chosen
+    at capture."""
     kind = ALGORITHMS[cfg.algo]
     torch.manual_seed(0)
-    algorithm = kind(kind.default_actor(observation_space, action_space, cfg),
-                     kind.default_critic(observation_space, action_space, cfg), cfg,
-                     action_size=action_space.shape[0], device=device)
-    buffer = random_buffer(rows, observation_space.shape[0], action_space.shape[0], device)
+    seeds = cfg.seed_list
+    actor, critic = make_seed_networks(kind, cfg, seeds, observation_space, action_space, device)
+    algorithm = kind(actor, critic, cfg, action_size=action_space.shape[0], device=device,
+                     seeds=len(seeds))
+    buffer = random_buffer(rows, observation_space.shape[0], action_space.shape[0], device,
+                           seeds=len(seeds))
     learner = OffPolicyLearner(algorithm, buffer, cfg, plan_run(cfg, device, updates_ahead=0))
-    learner.build(MetricSums(), fuse=fuse)
+    learner.build(MetricSums(shape=(len(seeds),) if len(seeds) > 1 else ()), fuse=fuse)
     return learner
