@@ -2,8 +2,9 @@
 update timed and profiled alone.
 
 The training loop (``rl_graphstep.train.train``) runs SAC with ``--num-seeds K`` (seeds 1..K,
-one env each, one update per env step, compiled CUDA graphs) with sync and with async
-(a process per env) vector envs; steps/s and host µs count the learning phase. Every loop runs
+one env each, one update per env step, compiled CUDA graphs) with each vector env: sync (in
+the process), async (gymnasium's, a process per env, through pipes) and shared (worker
+processes polling shared memory); steps/s and host µs count the learning phase. Every loop runs
 before any profile: the profiler slows every later CUDA call of its process. Then each K's
 update (all K seeds in one graph) is timed alone and profiled (kernels per update, their
 device time). GPU memory is the loop's peak (its buffer holds ``--steps`` rows per seed) and
@@ -87,8 +88,8 @@ def main() -> None:
     parser.add_argument("--envs", nargs="+", default=["HalfCheetah-v5"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32],
                         help="the group sizes K to measure")
-    parser.add_argument("--vec-envs", nargs="+", default=["sync", "async"],
-                        choices=["sync", "async"])
+    parser.add_argument("--vec-envs", nargs="+", default=["sync", "async", "shared"],
+                        choices=["sync", "async", "shared"])
     parser.add_argument("--steps", type=int, default=6_000, help="env steps per seed")
     parser.add_argument("--learning-starts", type=int, default=1_000)
     parser.add_argument("--updates", type=int, default=500, help="updates timed alone per K")

@@ -26,7 +26,7 @@ from rl_graphstep.seedgroup import (
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 # The values of every on/off setting that can also be left to the machine.
 SWITCH_MODES: tuple[str, ...] = ("auto", "on", "off")
-VEC_ENVS: tuple[str, ...] = ("sync", "async")
+VEC_ENVS: tuple[str, ...] = ("sync", "async", "shared")
 
 
 
@@ -78,8 +78,9 @@ class Config:
     )
     num_envs: int = option(1, "parallel environments of the vector env")
     vec_env: str = option(
-        "sync", "how the --num-envs environments step: sync (gymnasium's SyncVectorEnv, in "
-        "this process) or async (its AsyncVectorEnv, one subprocess per env)"
+        "sync", "how the environments step: sync (gymnasium's SyncVectorEnv, in this "
+        "process), async (its AsyncVectorEnv, one subprocess per env, through pipes) or "
+        "shared (worker processes polling shared memory, one per CPU but one)"
     )
     updates_per_step: int = option(1, "gradient updates per environment iteration")
     tf32: bool = option(

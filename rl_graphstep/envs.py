@@ -22,6 +22,7 @@ from gymnasium import error as gym_error
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
 from rl_graphstep.errors import ConfigError, EnvError, first_line, user_location
+from rl_graphstep.sharedenvs import SharedMemoryVectorEnv
 
 __all__ = [
     "EnvStepper",
@@ -37,10 +38,11 @@ __all__ = [
 
 
 def make_vec_env(
-    env_id: str, *, num_envs: int = 1, seed: int, asynchronous: bool = False
+    env_id: str, *, num_envs: int = 1, seed: int, kind: str = "sync"
 ) -> VectorEnv:
-    """Build `num_envs` copies of `env_id` as one vector env (in subprocesses when
-    `asynchronous`).
+    """Build `num_envs` copies of `env_id` as one vector env: `kind` "sync" in this process,
+    "async" in gymnasium's subprocesses (one per env, through pipes), "shared" in worker
+    processes that poll shared memory (`rl_graphstep.sharedenvs`).
 
     Autoreset is SAME_STEP (see the module docstring); `EpisodeStatistics` keeps the returns.
     The action space is seeded with `seed`; the env itself is not reset: the caller seeds it
@@ -52,15 +54,19 @@ def make_vec_env(
         raise ConfigError(f"num_envs must be at least 1, got {num_envs}")
     import_env_module(env_id)
     try:
-        if num_envs == 1 and not asynchronous:
+        if kind not in ("sync", "async", "shared"):
+            raise ConfigError(f"vector env kind must be sync, async or shared, got {kind!r}")
+        if num_envs == 1 and kind == "sync":
             envs = OneEnvVector([lambda: gym.make(env_id)],
                                 autoreset_mode=AutoresetMode.SAME_STEP)
+        elif kind == "shared":
+            envs = SharedMemoryVectorEnv(env_id, num_envs)
         else:
             with _children_ignore_ctrl_c():
                 envs = gym.make_vec(
                     env_id,
                     num_envs=num_envs,
-                    vectorization_mode="async" if asynchronous else "sync",
+                    vectorization_mode=kind,
                     vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
                 )
     except gym_error.DependencyNotInstalled as exc:
@@ -273,7 +279,9 @@ class EnvStepper:
 
     def __init__(self, envs: VectorEnv) -> None:
         self.envs = envs
-        self._async = envs.unwrapped if isinstance(envs.unwrapped, AsyncVectorEnv) else None
+        self._async = (envs.unwrapped if isinstance(envs.unwrapped,
+                                                    (AsyncVectorEnv, SharedMemoryVectorEnv))
+                       else None)
         self.asynchronous = self._async is not None
         self._actions: np.ndarray | None = None
 

@@ -198,7 +198,7 @@ def _set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Netwo
     seeds = cfg.seed_list  # a group of K seeds steps K x num_envs envs
     seed_everything(seeds[0])
     envs = make_vec_env(cfg.env_id, num_envs=len(seeds) * cfg.num_envs, seed=seeds[0],
-                        asynchronous=plan.vec_env == "async")
+                        kind=plan.vec_env)
     observation_space, action_space = envs.single_observation_space, envs.single_action_space
     check_continuous_spaces(cfg.env_id, observation_space, action_space, cfg.algo)
     observation_size, action_size = observation_space.shape[0], action_space.shape[0]

@@ -112,7 +112,7 @@ BAD_TRAIN_INPUTS = [
                        "environments while the GPU updates\n"),
     (["--config", "old_async.yaml"], "error: config key 'async_envs' in old_async.yaml was "
      "replaced by vec_env: async (vec_env: sync is the default)\n"),
-    (["--vec-env", "spawn"], "error: --vec-env must be one of sync, async, got 'spawn'\n"),
+    (["--vec-env", "spawn"], "error: --vec-env must be one of sync, async, shared, got 'spawn'\n"),
     (["--seed", "x"], "--seed must be an int, got 'x'"),
     (["--gamma", "y"], "--gamma must be a number, got 'y'"),
     (["--seed"], "--seed needs a value"),

@@ -44,9 +44,9 @@ class LoggingTally(NonFiniteTally):
         super().store(*args)
 
 
-@pytest.fixture(params=[False, True], ids=["sync", "async"])
+@pytest.fixture(params=["sync", "async", "shared"])
 def collector(request: pytest.FixtureRequest) -> Iterator[tuple[Collector, list[str]]]:
-    envs = make_vec_env("Pendulum-v1", num_envs=2, seed=3, asynchronous=request.param)
+    envs = make_vec_env("Pendulum-v1", num_envs=2, seed=3, kind=request.param)
     log: list[str] = []
     made = Collector(envs, first_reset(envs, 3), ReplayBuffer(100, 3, 1, "cpu"),
                      LoggingTally(log))

@@ -231,10 +231,11 @@ def test_episode_statistics_count_every_step_of_each_env() -> None:
                                                                               (1, 1.0, 1)]
 
 
-@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "async"])
-def test_stepper_steps_in_two_halves(asynchronous: bool) -> None:
-    envs = make_vec_env("Pendulum-v1", num_envs=2, seed=4, asynchronous=asynchronous)
+@pytest.mark.parametrize("kind", ["sync", "async", "shared"])
+def test_stepper_steps_in_two_halves(kind: str) -> None:
+    envs = make_vec_env("Pendulum-v1", num_envs=2, seed=4, kind=kind)
     reference = make_vec_env("Pendulum-v1", num_envs=2, seed=4)
+    asynchronous = kind != "sync"
     try:
         stepper = EnvStepper(envs)
         assert stepper.asynchronous is asynchronous

@@ -407,6 +407,14 @@ def test_async_envs_train(tmp_path: Path) -> None:
     assert state["envs"] is None  # AsyncVectorEnv's subprocesses do not pickle; sync ones do
 
 
+def test_shared_memory_envs_train_a_seed_group(tmp_path: Path) -> None:
+    assert main([*LOOP, "--num-seeds", "2", "--vec-env", "shared", "--log-dir",
+                 str(tmp_path)]) == 0
+    state = load_checkpoint(next(tmp_path.iterdir()))
+    assert state["config"]["vec_env"] == "shared" and state["global_step"] == 300
+    assert state["envs"] is None  # its envs live in the workers
+
+
 # A seed group: K seeds in one process, one tensorboard run each and the aggregate run.
 
 

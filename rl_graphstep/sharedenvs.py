@@ -1,0 +1,276 @@
+"""A vector env whose copies step in worker processes that wait on shared memory, not pipes.
+
+gymnasium's ``AsyncVectorEnv`` hands every step to each worker through a pipe, so each step
+costs a process wake-up on both sides of every pipe. With K seeds of one env each, that is
+most of an iteration. Here each worker owns a contiguous slice of the envs and polls its
+command counter in shared memory. The results (observations, rewards, flags, final
+observations) go straight into shared arrays, which the main process polls in turn.
+
+A worker polls without sleeping for a while after each step (``SPIN_SECONDS``), then backs
+off to short sleeps, so an idle run does not hold its CPUs. Every counter is read and written
+under its worker's lock. A lock's acquire and release order the memory accesses around them,
+on weakly ordered CPUs too. Autoreset is SAME_STEP, as in ``rl_graphstep.envs``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import signal
+import time
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector.utils import batch_space
+
+from rl_graphstep.errors import EnvError, first_line, user_location
+
+__all__ = ["SharedMemoryVectorEnv"]
+
+SPIN_SECONDS = 0.005  # a worker polls without sleeping this long after its last command
+IDLE_SLEEP = 1e-4  # then sleeps this long between polls
+LIVENESS_SECONDS = 0.05  # how often a waiting side checks that the other is still there
+_STEP, _RESET, _CLOSE = 1, 2, 3
+
+
+class _Shared:
+    """The arrays both sides see, as numpy views of raw shared memory."""
+
+    def __init__(self, num_envs: int, observation_space: gym.spaces.Box,
+                 action_space: gym.spaces.Box, workers: int, raw: dict[str, Any] | None = None,
+                 ) -> None:
+        obs_shape, obs_dtype = observation_space.shape, observation_space.dtype
+        act_shape, act_dtype = action_space.shape, action_space.dtype
+        layout = {
+            "actions": ((num_envs, *act_shape), act_dtype),
+            "observations": ((num_envs, *obs_shape), obs_dtype),
+            "final_observations": ((num_envs, *obs_shape), obs_dtype),
+            "rewards": ((num_envs,), np.float64),
+            "terminations": ((num_envs,), np.bool_),
+            "truncations": ((num_envs,), np.bool_),
+            "commands": ((workers, 2), np.int64),  # (sequence number, kind) per worker
+            "done": ((workers,), np.int64),  # the sequence number done; its negative on error
+        }
+        if raw is None:
+            raw = {name: mp.RawArray("b", max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize))
+                   for name, (shape, dtype) in layout.items()}
+        self.raw = raw
+        for name, (shape, dtype) in layout.items():
+            view = np.frombuffer(raw[name], dtype=dtype, count=int(np.prod(shape)))
+            setattr(self, name, view.reshape(shape))
+
+
+def _work(worker: int, env_id: str, envs: range, spaces: tuple[gym.Space, gym.Space],
+          workers: int, raw: dict[str, Any], lock: Any, pipe: Any, parent: int) -> None:
+    """A worker's loop: step (or reset, or close) its envs whenever its command counter moves."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's to handle
+    num_envs = len(raw["rewards"]) // np.dtype(np.float64).itemsize
+    shared = _Shared(num_envs, *spaces, workers, raw)
+    copies = [gym.make(env_id) for _ in envs]
+    seen, last_command = 0, time.perf_counter()
+    while True:
+        # With a timeout: the training process may have died holding the lock.
+        if not lock.acquire(timeout=LIVENESS_SECONDS):
+            if os.getppid() != parent:
+                return
+            continue
+        sequence, kind = (int(v) for v in shared.commands[worker])
+        lock.release()
+        if sequence == seen:
+            idle = time.perf_counter() - last_command
+            if idle > SPIN_SECONDS:
+                time.sleep(IDLE_SLEEP)
+                if os.getppid() != parent:  # the training process is gone: so are we
+                    return
+            continue
+        seen, last_command = sequence, time.perf_counter()
+        try:
+            if kind == _CLOSE:
+                for env in copies:
+                    env.close()
+                return
+            if kind == _RESET:
+                _reset(shared, copies, envs, pipe.recv())
+            else:
+                _step(shared, copies, envs)
+            outcome = sequence
+        except Exception as exc:  # the env's own code failed: one line back to the loop
+            where = user_location(exc)
+            pipe.send(f"the environment's {'reset' if kind == _RESET else 'step'} raised "
+                      f"{type(exc).__name__}: {first_line(exc)}"
+                      + (f" (at {where})" if where else ""))
+            outcome = -sequence
+        while not lock.acquire(timeout=LIVENESS_SECONDS):
+            if os.getppid() != parent:
+                return
+        shared.done[worker] = outcome
+        lock.release()
+
+
+def _reset(shared: _Shared, copies: list[gym.Env], envs: range, seeds: list[int | None]) -> None:
+    for env, index, seed in zip(copies, envs, seeds, strict=True):
+        shared.observations[index], _ = env.reset(seed=seed)
+
+
+def _step(shared: _Shared, copies: list[gym.Env], envs: range) -> None:
+    for env, index in zip(copies, envs, strict=True):
+        observation, reward, terminated, truncated, _ = env.step(shared.actions[index])
+        shared.rewards[index] = reward
+        shared.terminations[index], shared.truncations[index] = terminated, truncated
+        if terminated or truncated:
+            shared.final_observations[index] = observation
+            observation, _ = env.reset()
+        shared.observations[index] = observation
+
+
+class SharedMemoryVectorEnv(VectorEnv):
+    """``num_envs`` copies of ``env_id`` stepped by ``workers`` processes (at most one per env,
+    by default one per CPU but one), each owning a contiguous slice of the envs.
+
+    Steps in two halves as ``AsyncVectorEnv`` does (``step_async`` hands the actions over,
+    ``step_wait`` returns the results), so the caller can launch GPU work in between; ``step``
+    is both. SAME_STEP autoreset: an ended episode's last observation is in
+    ``infos["final_obs"]`` (mask ``infos["_final_obs"]``).
+    """
+
+    def __init__(self, env_id: str, num_envs: int, *, workers: int | None = None,
+                 context: str | None = None) -> None:
+        probe = gym.make(env_id)
+        self.single_observation_space = probe.observation_space
+        self.single_action_space = probe.action_space
+        probe.close()
+        self.num_envs = num_envs
+        self.observation_space = batch_space(self.single_observation_space, num_envs)
+        self.action_space = batch_space(self.single_action_space, num_envs)
+        self.metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
+        self.render_mode = None
+        self.env_id = env_id
+        count = workers or max(1, (os.cpu_count() or 2) - 1)
+        slices = [s for s in np.array_split(np.arange(num_envs), min(count, num_envs)) if len(s)]
+        self._slices = [range(int(s[0]), int(s[-1]) + 1) for s in slices]
+        ctx = mp.get_context(context)
+        spaces = (self.single_observation_space, self.single_action_space)
+        self._shared = _Shared(num_envs, *spaces, len(self._slices))
+        self._locks = [ctx.Lock() for _ in self._slices]
+        pipes = [ctx.Pipe() for _ in self._slices]
+        self._pipes = [mine for mine, _ in pipes]
+        self._processes = [
+            ctx.Process(target=_work, name=f"env worker {w}", daemon=True,
+                        args=(w, env_id, envs, spaces, len(self._slices), self._shared.raw,
+                              self._locks[w], theirs, os.getpid()))
+            for w, (envs, (_, theirs)) in enumerate(zip(self._slices, pipes, strict=True))
+        ]
+        for process in self._processes:
+            process.start()
+        self._sequence = 0
+        self._closed = False
+
+    def _locked(self, worker: int, what: str) -> None:
+        """Take ``worker``'s lock; one clear line if the worker died (perhaps holding it)."""
+        while not self._locks[worker].acquire(timeout=LIVENESS_SECONDS):
+            self._check_alive(worker, what)
+
+    def _check_alive(self, worker: int, what: str) -> None:
+        process, envs = self._processes[worker], self._slices[worker]
+        if not process.is_alive():
+            raise EnvError(f"{process.name} (envs {envs.start}-{envs.stop - 1}) stopped with "
+                           f"exit code {process.exitcode} during the envs' {what}")
+
+    def _command(self, kind: int, what: str) -> None:
+        self._sequence += 1
+        for worker, lock in enumerate(self._locks):
+            self._check_alive(worker, what)
+            self._locked(worker, what)
+            self._shared.commands[worker] = (self._sequence, kind)
+            lock.release()
+
+    def _wait(self, what: str) -> None:
+        """Until every worker has done the current command; one clear line if one failed or
+        died."""
+        pending = list(range(len(self._locks)))
+        checked = time.perf_counter()
+        errors = []
+        while pending:
+            still = []
+            for worker in pending:
+                self._locked(worker, what)
+                done = int(self._shared.done[worker])
+                self._locks[worker].release()
+                if done == -self._sequence:
+                    errors.append(self._pipes[worker].recv())
+                elif done != self._sequence:
+                    still.append(worker)
+            pending = still
+            if pending and time.perf_counter() - checked > LIVENESS_SECONDS:
+                checked = time.perf_counter()
+                for worker in pending:
+                    self._check_alive(worker, what)
+        if errors:
+            raise EnvError(errors[0])
+
+    def reset(self, *, seed: int | list[int | None] | None = None,
+              options: dict | None = None) -> tuple[np.ndarray, dict]:
+        """Reset every copy: copy i with ``seed + i`` (an int), ``seed[i]`` (a list) or unseeded."""
+        del options
+        if seed is None or isinstance(seed, int):
+            seeds = [None if seed is None else seed + i for i in range(self.num_envs)]
+        else:
+            seeds = list(seed)
+        self._command(_RESET, "reset")
+        for pipe, envs in zip(self._pipes, self._slices, strict=True):
+            pipe.send(seeds[envs.start:envs.stop])
+        self._wait("reset")
+        return self._shared.observations.copy(), {}
+
+    def step_async(self, actions: np.ndarray) -> None:
+        """Hand the actions over; the workers start stepping at once."""
+        self._shared.actions[:] = actions
+        self._command(_STEP, "step")
+
+    def step_wait(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
+        """The results of the step ``step_async`` started (copies: the next step rewrites the
+        shared arrays)."""
+        self._wait("step")
+        shared = self._shared
+        terminations, truncations = shared.terminations.copy(), shared.truncations.copy()
+        infos: dict[str, Any] = {}
+        ended = terminations | truncations
+        if ended.any():
+            final = np.empty(self.num_envs, dtype=object)
+            for index in np.flatnonzero(ended):
+                final[index] = shared.final_observations[index].copy()
+            infos = {"final_obs": final, "_final_obs": ended}
+        return (shared.observations.copy(), shared.rewards.copy(), terminations, truncations,
+                infos)
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                 np.ndarray, dict]:
+        self.step_async(actions)
+        return self.step_wait()
+
+    def close(self, **kwargs: Any) -> None:
+        """Stop the workers (those that do not stop within a second are terminated)."""
+        del kwargs
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(EnvError):  # a dead worker is terminated below anyway
+            self._command(_CLOSE, "close")
+        for process in self._processes:
+            process.join(timeout=1.0)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=1.0)
+        for pipe in self._pipes:
+            pipe.close()
+
+    def __getstate__(self) -> dict:
+        raise TypeError("a SharedMemoryVectorEnv's envs live in its worker processes and "
+                        "do not pickle")
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self.close()
