@@ -7,9 +7,12 @@ command counter in shared memory. The results (observations, rewards, flags, fin
 observations) go straight into shared arrays, which the main process polls in turn.
 
 A worker polls without sleeping for a while after each step (``SPIN_SECONDS``), then backs
-off to short sleeps, so an idle run does not hold its CPUs. Every counter is read and written
-under its worker's lock. A lock's acquire and release order the memory accesses around them,
-on weakly ordered CPUs too. Autoreset is SAME_STEP, as in ``rl_graphstep.envs``.
+off to short sleeps, so an idle run does not hold its CPUs. The polling takes no lock (a lock
+taken on every poll costs a process wake-up whenever the two sides meet on it, which measured
+as slow as the pipes): each side writes its data first and its counter last, and reads the
+counter first and the data after. x86-64 keeps stores in order and loads in order, which makes
+that safe; other CPUs may reorder them, so this env is refused there. Autoreset is SAME_STEP,
+as in ``rl_graphstep.envs``.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import platform
 import signal
 import time
 from typing import Any
@@ -26,7 +30,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from rl_graphstep.errors import EnvError, first_line, user_location
+from rl_graphstep.errors import ConfigError, EnvError, first_line, user_location
 
 __all__ = ["SharedMemoryVectorEnv"]
 
@@ -64,21 +68,20 @@ class _Shared:
 
 
 def _work(worker: int, env_id: str, envs: range, spaces: tuple[gym.Space, gym.Space],
-          workers: int, raw: dict[str, Any], lock: Any, pipe: Any, parent: int) -> None:
+          workers: int, raw: dict[str, Any], pipe: Any, parent: int) -> None:
     """A worker's loop: step (or reset, or close) its envs whenever its command counter moves."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training loop's to handle
     num_envs = len(raw["rewards"]) // np.dtype(np.float64).itemsize
     shared = _Shared(num_envs, *spaces, workers, raw)
-    copies = [gym.make(env_id) for _ in envs]
+    try:
+        copies = [gym.make(env_id) for _ in envs]
+    except Exception as exc:  # the main process made one, so this is rare: say why, and stop
+        pipe.send(_failure("make", exc))
+        return
     seen, last_command = 0, time.perf_counter()
     while True:
-        # With a timeout: the training process may have died holding the lock.
-        if not lock.acquire(timeout=LIVENESS_SECONDS):
-            if os.getppid() != parent:
-                return
-            continue
-        sequence, kind = (int(v) for v in shared.commands[worker])
-        lock.release()
+        sequence = int(shared.commands[worker, 0])  # the counter first, then what it says
+        kind = int(shared.commands[worker, 1])
         if sequence == seen:
             idle = time.perf_counter() - last_command
             if idle > SPIN_SECONDS:
@@ -98,16 +101,16 @@ def _work(worker: int, env_id: str, envs: range, spaces: tuple[gym.Space, gym.Sp
                 _step(shared, copies, envs)
             outcome = sequence
         except Exception as exc:  # the env's own code failed: one line back to the loop
-            where = user_location(exc)
-            pipe.send(f"the environment's {'reset' if kind == _RESET else 'step'} raised "
-                      f"{type(exc).__name__}: {first_line(exc)}"
-                      + (f" (at {where})" if where else ""))
+            pipe.send(_failure("reset" if kind == _RESET else "step", exc))
             outcome = -sequence
-        while not lock.acquire(timeout=LIVENESS_SECONDS):
-            if os.getppid() != parent:
-                return
-        shared.done[worker] = outcome
-        lock.release()
+        shared.done[worker] = outcome  # after the results: see the module's docstring
+
+
+def _failure(what: str, exc: Exception) -> str:
+    """The line the training loop shows for an env that raised in ``what``."""
+    where = user_location(exc)
+    return (f"the environment's {what} raised {type(exc).__name__}: {first_line(exc)}"
+            + (f" (at {where})" if where else ""))
 
 
 def _reset(shared: _Shared, copies: list[gym.Env], envs: range, seeds: list[int | None]) -> None:
@@ -138,6 +141,10 @@ class SharedMemoryVectorEnv(VectorEnv):
 
     def __init__(self, env_id: str, num_envs: int, *, workers: int | None = None,
                  context: str | None = None) -> None:
+        if platform.machine().lower() not in ("x86_64", "amd64"):
+            raise ConfigError(f"--vec-env shared needs an x86-64 host (its lock-free polling "
+                              f"relies on x86's ordered stores), this one is "
+                              f"{platform.machine()}: use --vec-env async or sync")
         probe = gym.make(env_id)
         self.single_observation_space = probe.observation_space
         self.single_action_space = probe.action_space
@@ -154,13 +161,12 @@ class SharedMemoryVectorEnv(VectorEnv):
         ctx = mp.get_context(context)
         spaces = (self.single_observation_space, self.single_action_space)
         self._shared = _Shared(num_envs, *spaces, len(self._slices))
-        self._locks = [ctx.Lock() for _ in self._slices]
         pipes = [ctx.Pipe() for _ in self._slices]
         self._pipes = [mine for mine, _ in pipes]
         self._processes = [
             ctx.Process(target=_work, name=f"env worker {w}", daemon=True,
                         args=(w, env_id, envs, spaces, len(self._slices), self._shared.raw,
-                              self._locks[w], theirs, os.getpid()))
+                              theirs, os.getpid()))
             for w, (envs, (_, theirs)) in enumerate(zip(self._slices, pipes, strict=True))
         ]
         for process in self._processes:
@@ -168,37 +174,37 @@ class SharedMemoryVectorEnv(VectorEnv):
         self._sequence = 0
         self._closed = False
 
-    def _locked(self, worker: int, what: str) -> None:
-        """Take ``worker``'s lock; one clear line if the worker died (perhaps holding it)."""
-        while not self._locks[worker].acquire(timeout=LIVENESS_SECONDS):
-            self._check_alive(worker, what)
-
     def _check_alive(self, worker: int, what: str) -> None:
+        """One clear line if ``worker`` has stopped: its own reason where it gave one."""
         process, envs = self._processes[worker], self._slices[worker]
-        if not process.is_alive():
-            raise EnvError(f"{process.name} (envs {envs.start}-{envs.stop - 1}) stopped with "
-                           f"exit code {process.exitcode} during the envs' {what}")
+        if process.is_alive():
+            return
+        reason = None
+        with contextlib.suppress(EOFError, OSError):  # no reason left: the pipe is closed
+            if self._pipes[worker].poll():
+                reason = self._pipes[worker].recv()
+        if reason is not None:
+            raise EnvError(reason)
+        raise EnvError(f"{process.name} (envs {envs.start}-{envs.stop - 1}) stopped with "
+                       f"exit code {process.exitcode} during the envs' {what}")
 
     def _command(self, kind: int, what: str) -> None:
         self._sequence += 1
-        for worker, lock in enumerate(self._locks):
+        for worker in range(len(self._processes)):
             self._check_alive(worker, what)
-            self._locked(worker, what)
-            self._shared.commands[worker] = (self._sequence, kind)
-            lock.release()
+            self._shared.commands[worker, 1] = kind  # what to do first, the counter last
+            self._shared.commands[worker, 0] = self._sequence
 
     def _wait(self, what: str) -> None:
         """Until every worker has done the current command; one clear line if one failed or
         died."""
-        pending = list(range(len(self._locks)))
+        pending = list(range(len(self._processes)))
         checked = time.perf_counter()
         errors = []
         while pending:
             still = []
             for worker in pending:
-                self._locked(worker, what)
                 done = int(self._shared.done[worker])
-                self._locks[worker].release()
                 if done == -self._sequence:
                     errors.append(self._pipes[worker].recv())
                 elif done != self._sequence:

@@ -135,7 +135,7 @@ def test_a_bad_command_line_with_help_is_the_parser_error(
         (["--action-stream", "yes"],
          "--action-stream must be one of auto, on, off, got 'yes'"),
         (["--algo", "ppo"], "--algo must be one of sac, td3, ddpg, got 'ppo'"),
-        (["--vec-env", "subprocess"], "--vec-env must be one of sync, async, got 'subprocess'"),
+        (["--vec-env", "subprocess"], "--vec-env must be one of sync, async, shared, got 'subprocess'"),
         (["--gamma", "1.5"], "--gamma must be in [0, 1], got 1.5"),
         (["--q-lr", "0"], "--q-lr must be > 0, got 0.0"),
         (["--hidden-sizes", "64", "0"], "--hidden-sizes must be one or more positive ints"),

@@ -108,6 +108,31 @@ def test_an_env_that_raises_is_one_line(closing: list) -> None:
         shared.step(actions)
 
 
+class FailingSecondMake(FailingStep):
+    """Made fine once (the main process's probe), raises when a worker makes it."""
+
+    made = 0
+
+    def __init__(self) -> None:
+        type(self).made += 1
+        if type(self).made > 1:
+            raise RuntimeError("no license for a second copy")
+
+
+gym.register("FailingSecondMakeForSharedEnvs-v0", entry_point=FailingSecondMake)
+
+
+def test_a_worker_that_cannot_make_its_env_is_one_line(closing: list,
+                                                        capfd: pytest.CaptureFixture) -> None:
+    shared = SharedMemoryVectorEnv("FailingSecondMakeForSharedEnvs-v0", 1, workers=1,
+                                   context="fork")
+    closing.append(shared)
+    with pytest.raises(EnvError, match=r"^the environment's make raised RuntimeError: no "
+                                       r"license for a second copy \(at tests/test_shared"):
+        shared.reset(seed=0)
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_a_worker_that_dies_is_named(closing: list) -> None:
     shared = SharedMemoryVectorEnv("Pendulum-v1", 3, workers=2)
     closing.append(shared)
