@@ -213,3 +213,14 @@ def _running(pid: int) -> bool:
     except FileNotFoundError:
         return False
     return state != "Z"
+
+
+def test_it_is_refused_off_x86_64(monkeypatch: pytest.MonkeyPatch) -> None:
+    import platform
+
+    from rl_graphstep.errors import ConfigError
+
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    with pytest.raises(ConfigError, match=r"^--vec-env shared needs an x86-64 host .* this one "
+                                          r"is aarch64: use --vec-env async or sync$"):
+        SharedMemoryVectorEnv("Pendulum-v1", 2)
