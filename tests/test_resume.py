@@ -177,10 +177,12 @@ def test_a_signal_saves_flushes_and_resumes(signum: int, code: int, tmp_path: Pa
     assert load_checkpoint(tmp_path / "run")["global_step"] == stopped_at + 100
 
 
-def test_ctrl_c_to_the_process_group_spares_the_env_subprocesses(tmp_path: Path) -> None:
-    """A terminal's Ctrl-C reaches every process of the group, AsyncVectorEnv's workers too:
+@pytest.mark.parametrize("kind", ["async", "shared"])
+def test_ctrl_c_to_the_process_group_spares_the_env_subprocesses(kind: str,
+                                                                 tmp_path: Path) -> None:
+    """A terminal's Ctrl-C reaches every process of the group, the vector env's workers too:
     they must live on so the run can save its checkpoint and close them."""
-    args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--vec-env", "async",
+    args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--vec-env", kind,
             "--num-envs", "2"]
     process = subprocess.Popen(
         [sys.executable, "-m", "rl_graphstep.train", *args, "--total-timesteps", "100000"],
@@ -192,6 +194,7 @@ def test_ctrl_c_to_the_process_group_spares_the_env_subprocesses(tmp_path: Path)
     os.killpg(process.pid, signal.SIGINT)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 130, stderr
+    assert "Traceback" not in stderr
     assert load_checkpoint(tmp_path / "run")["global_step"] > 0
 
 
