@@ -74,4 +74,3 @@ def test_a_guard_on_the_unindexed_cuda_device_still_undoes_a_bad_step() -> None:
         changed = [not torch.equal(p, q) for p, q in zip(module.parameters(), before, strict=True)]
         assert all(changed) if not bad else not any(changed)
     assert guard.skipped.item() == 1
-
