@@ -6,7 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rl_graphstep.aggregate import bootstrap_interval, group_returns, iqm, seed_means
+from rl_graphstep.aggregate import (
+    bootstrap_interval,
+    group_returns,
+    iqm,
+    percentile_interval,
+    performance_profile,
+    seed_means,
+    stratified_resamples,
+)
 
 
 @pytest.mark.parametrize(("values", "expected"), [
@@ -96,3 +104,34 @@ def test_no_group_statistics_until_every_seed_has_an_episode() -> None:
     assert group_returns([[-100.0], []]) is None
     assert group_returns([]) is None
     assert seed_means([[1.0], []]) == [1.0, None]
+
+
+def test_a_stratified_bootstrap_resamples_within_each_task() -> None:
+    """Each draw keeps every task's number of runs: two tasks of constant returns 1 and 5,
+    three seeds each, give a pooled mean of exactly 3 in every draw (a bootstrap over the
+    pooled six runs would not)."""
+    draws = stratified_resamples([[1.0, 1.0, 1.0], [5.0, 5.0, 5.0]], np.mean, resamples=500)
+    assert draws.shape == (500,)
+    assert np.all(draws == 3.0)
+
+
+def test_a_stratified_bootstrap_draws_each_tasks_indices_in_turn() -> None:
+    tasks = [np.array([1.0, 2.0, 3.0]), np.array([10.0, 20.0])]
+    rng = np.random.default_rng(7)
+    expected = np.concatenate([tasks[0][rng.integers(0, 3, size=(4, 3))],
+                               tasks[1][rng.integers(0, 2, size=(4, 2))]], axis=1)
+    got = stratified_resamples(tasks, lambda d, axis: d, resamples=4,
+                               rng=np.random.default_rng(7))
+    np.testing.assert_array_equal(got, expected)
+    # One task: the same draws, and so the same interval, as bootstrap_interval's.
+    low, high = percentile_interval(stratified_resamples([tasks[0]], iqm))
+    assert (float(low), float(high)) == bootstrap_interval(tasks[0])
+    with pytest.raises(ValueError, match="every task"):
+        stratified_resamples([[1.0], []])
+
+
+def test_a_performance_profile_is_the_fraction_of_runs_above_each_threshold() -> None:
+    scores = np.array([[0.5, 1.0, 1.5, 2.0], [3.0, 3.0, 0.0, 0.0]])
+    np.testing.assert_array_equal(performance_profile(scores, [0.0, 1.0, 1.75]),
+                                  [[1.0, 0.5, 0.25], [0.5, 0.5, 0.5]])
+    np.testing.assert_array_equal(performance_profile(scores.T, [1.0], axis=0), [[0.5], [0.5]])

@@ -1,0 +1,294 @@
+"""The benchmark table: each algorithm on each task over its seeds, beside the published
+numbers, with one learning-curve figure per task and one across tasks.
+
+    python benchmarks/table.py collect RUN_DIR [RUN_DIR ...] [--results benchmarks/mujoco]
+    python benchmarks/table.py report [--results benchmarks/mujoco] \\
+        [--references benchmarks/references.csv]
+
+``collect`` reads seed-group folders (``--num-seeds K``) or single-seed run folders (pooled by
+algorithm and task) into CSV files in ``--results``; ``report`` builds, from those files
+alone, ``table.md`` (also printed), ``<task>.png`` and ``aggregate.png`` there.
+
+Per group: each seed's mean return over its last 10 episodes; their mean ± std (numpy's,
+over the seeds) and interquartile mean with its 95% percentile-bootstrap interval; the wall
+time and env steps/s of all seeds together. Beside it the references of the same algorithm
+on the same task (``references.csv``); the first listed is the one the group is judged
+against: within range when the seeds' mean is at least the reference's mean minus its std.
+The figure across tasks normalises each return by that reference's mean (1 = the published
+number) and shows, per algorithm, the IQM over all its runs with a 95% stratified-bootstrap
+interval, and the performance profile (the fraction of runs above each normalised score), as
+rliable's reports do; computed with numpy (rliable itself brings statsmodels, arch, scipy
+and seaborn). Figures need matplotlib (``pip install -e ".[plot]"``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from results import LAST_EPISODES, GroupResult, ResultsError, collect, load_results
+
+from rl_graphstep.aggregate import (
+    BOOTSTRAP_SEED,
+    bootstrap_interval,
+    iqm,
+    percentile_interval,
+    performance_profile,
+    stratified_resamples,
+)
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_RESULTS = HERE / "mujoco"
+DEFAULT_REFERENCES = HERE / "references.csv"
+REFERENCE_FIELDS = ["algo", "task", "source", "env_id", "steps", "mean", "std", "seeds", "what",
+                    "where"]
+SOURCE_NAMES = {"cleanrl": "CleanRL", "td3_paper": "TD3 paper", "sb3_zoo": "SB3 zoo"}
+CURVE_POINTS = 200
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A published result of one algorithm on one task."""
+
+    source: str
+    env_id: str
+    mean: float
+    std: float | None  # None where the source prints none
+
+    def label(self) -> str:
+        return f"{SOURCE_NAMES.get(self.source, self.source)} ({self.env_id})"
+
+    def numbers(self) -> str:
+        return _number(self.mean) + ("" if self.std is None else f" ± {_number(self.std)}")
+
+    def lowest_in_range(self) -> float:
+        """The least return within the published range: the mean minus one std."""
+        return self.mean - (self.std or 0.0)
+
+
+def task_of(env_id: str) -> str:
+    """``HalfCheetah-v5`` -> ``HalfCheetah``: references of other versions are the same task."""
+    return env_id.rsplit("-v", 1)[0]
+
+
+def read_references(path: Path) -> dict[tuple[str, str], list[Reference]]:
+    """(algo, task) -> its references, in the file's order."""
+    try:
+        with path.open(newline="") as file:
+            reader = csv.DictReader(file)
+            if reader.fieldnames != REFERENCE_FIELDS:
+                raise ResultsError(f"{path}: expected the columns {','.join(REFERENCE_FIELDS)}")
+            references: dict[tuple[str, str], list[Reference]] = {}
+            for row in reader:
+                references.setdefault((row["algo"], row["task"]), []).append(
+                    Reference(row["source"], row["env_id"], float(row["mean"]),
+                              float(row["std"]) if row["std"] else None))
+    except OSError as err:
+        raise ResultsError(f"{path}: {err.strerror}") from err
+    except ValueError as err:
+        raise ResultsError(f"{path}: a mean or std is not a number ({err})") from err
+    return references
+
+
+def _number(value: float) -> str:
+    return f"{value:,.0f}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+
+
+def table(groups: Sequence[GroupResult],
+          references: dict[tuple[str, str], list[Reference]]) -> str:
+    """The Markdown table, one row per group, task by task."""
+    lines = [
+        f"| Task | Algorithm | Seeds (mean of last {LAST_EPISODES} episodes) | Mean ± std | "
+        "IQM [95% CI] | Published (mean ± std) | Within range | Wall time | Env steps/s |",
+        "|---|---|---|---:|---:|---|:---:|---:|---:|",
+    ]
+    for group in sorted(groups, key=lambda g: (g.env_id, g.algo)):
+        finals = group.finals()
+        low, high = bootstrap_interval(finals, iqm)
+        found = references.get((group.algo, task_of(group.env_id)), [])
+        published = "<br>".join(f"{r.label()}: {r.numbers()}" for r in found) or "none found"
+        within = ("yes" if finals.mean() >= found[0].lowest_in_range() else "**no**"
+                  ) if found else "-"
+        seeds = ", ".join(f"{seed}: {_number(value)}"
+                          for seed, value in zip(group.seeds, finals, strict=True))
+        lines.append(
+            f"| {group.env_id} | {group.algo.upper()} | {seeds} | {_number(finals.mean())} ± "
+            f"{_number(finals.std())} | {_number(iqm(finals))} [{_number(low)}, "
+            f"{_number(high)}] | {published} | {within} | {_duration(group.wall_s)} | "
+            f"{_number(group.env_steps_per_s)} |")
+    return "\n".join(lines) + "\n"
+
+
+def smoothed_curves(group: GroupResult, points: int = CURVE_POINTS
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """Every seed's trailing mean of its last 10 episodes, on a common grid of env steps
+    (from the step where every seed has finished an episode): (grid, (seeds, points))."""
+    start = max(int(curve.steps[0]) for curve in group.curves)
+    end = min(int(curve.steps[-1]) for curve in group.curves)
+    grid = np.linspace(start, end, points) if end > start else np.array([float(end)])
+    rows = []
+    for curve in group.curves:
+        sums = np.concatenate([[0.0], np.cumsum(curve.returns)])
+        ends = np.arange(1, curve.returns.size + 1)
+        starts = np.maximum(ends - LAST_EPISODES, 0)
+        rows.append(np.interp(grid, curve.steps, (sums[ends] - sums[starts]) / (ends - starts)))
+    return grid, np.array(rows)
+
+
+def normalised_scores(groups: Sequence[GroupResult],
+                      references: dict[tuple[str, str], list[Reference]]
+                      ) -> dict[str, list[np.ndarray]]:
+    """algo -> one array per task it ran: its seeds' returns over the first reference's mean."""
+    scores: dict[str, list[np.ndarray]] = {}
+    for group in groups:
+        found = references.get((group.algo, task_of(group.env_id)))
+        if found:
+            scores.setdefault(group.algo, []).append(group.finals() / found[0].mean)
+    return scores
+
+
+def plot_task(path: Path, task: str, groups: Sequence[GroupResult],
+              references: dict[tuple[str, str], list[Reference]]) -> None:
+    """One task's figure: every seed thin, each algorithm's IQM and its 95% band thick, and
+    each algorithm's first reference dashed."""
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+    from plot_curve import format_steps
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, group in enumerate(sorted(groups, key=lambda g: g.algo)):
+        color = colors[i % len(colors)]
+        grid, rows = smoothed_curves(group)
+        for row in rows:
+            ax.plot(grid, row, color=color, linewidth=0.7, alpha=0.35)
+        bands = iqm_band(rows)
+        ax.fill_between(grid, bands[0], bands[1], color=color, alpha=0.2, linewidth=0)
+        ax.plot(grid, iqm(rows, axis=0), color=color, linewidth=2.4,
+                label=f"{group.algo.upper()} IQM of {len(rows)} seeds (95% CI)")
+        found = references.get((group.algo, task_of(group.env_id)))
+        if found:
+            ax.axhline(found[0].mean, color=color, linestyle="--", linewidth=1.1,
+                       label=f"{group.algo.upper()} {found[0].label()}")
+    ax.xaxis.set_major_formatter(FuncFormatter(format_steps))
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel(f"episodic return (mean of {LAST_EPISODES} episodes)")
+    ax.set_title(task)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def iqm_band(rows: np.ndarray, resamples: int = 1000) -> tuple[np.ndarray, np.ndarray]:
+    """The 95% bootstrap band of the IQM over seeds at each point of (seeds, points) rows:
+    each draw resamples whole seeds' curves."""
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    draws = rng.integers(0, rows.shape[0], size=(resamples, rows.shape[0]))
+    return percentile_interval(iqm(rows[draws], axis=1))
+
+
+def plot_aggregate(path: Path, scores: dict[str, list[np.ndarray]]) -> None:
+    """Across tasks, per algorithm: the IQM of the normalised scores with its 95% stratified
+    bootstrap interval, and the performance profile with its band."""
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5), dpi=120)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    algos = sorted(scores)
+    pooled = np.concatenate([s for algo in algos for s in scores[algo]])
+    thresholds = np.linspace(0.0, max(1.5, float(pooled.max()) * 1.05), 101)
+    for i, algo in enumerate(algos):
+        color = colors[i % len(colors)]
+        tasks = scores[algo]
+        point = iqm(np.concatenate(tasks))
+        low, high = percentile_interval(stratified_resamples(tasks, iqm))
+        left.errorbar([point], [i], xerr=[[point - low], [high - point]], fmt="o", color=color,
+                      capsize=6, linewidth=2)
+        profile = performance_profile(np.concatenate(tasks), thresholds)
+        band = percentile_interval(stratified_resamples(
+            tasks, lambda draws, axis: performance_profile(draws, thresholds, axis=axis)))
+        right.fill_between(thresholds, band[0], band[1], color=color, alpha=0.2, linewidth=0)
+        right.plot(thresholds, profile, color=color, linewidth=2,
+                   label=f"{algo.upper()} ({len(tasks)} tasks)")
+    left.set_yticks(range(len(algos)), [a.upper() for a in algos])
+    left.axvline(1.0, color="black", linestyle="--", linewidth=1)
+    left.set_xlabel("IQM of return / published mean (95% CI)")
+    left.grid(True, axis="x", alpha=0.3)
+    right.axvline(1.0, color="black", linestyle="--", linewidth=1)
+    right.set_xlabel("return / published mean (τ)")
+    right.set_ylabel("fraction of runs with score > τ")
+    right.grid(True, alpha=0.3)
+    right.legend(loc="best")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def report(results_dir: Path, references_path: Path) -> list[Path]:
+    """The table and the figures from the kept results; returns the files written."""
+    groups = load_results(results_dir)
+    references = read_references(references_path)
+    text = table(groups, references)
+    print(text, end="")
+    (results_dir / "table.md").write_text(text)
+    written = [results_dir / "table.md"]
+    try:
+        import matplotlib
+    except ImportError:
+        print("figures need matplotlib: pip install -e \".[plot]\"", file=sys.stderr)
+        return written
+    matplotlib.use("Agg")
+    for task in sorted({task_of(g.env_id) for g in groups}):
+        path = results_dir / f"{task}.png"
+        plot_task(path, task, [g for g in groups if task_of(g.env_id) == task], references)
+        written.append(path)
+    scores = normalised_scores(groups, references)
+    if scores:
+        plot_aggregate(results_dir / "aggregate.png", scores)
+        written.append(results_dir / "aggregate.png")
+    return written
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry: one clear line and exit 2 on a run or file that cannot be read."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    gather = commands.add_parser("collect", help="read run folders into the results' CSVs")
+    gather.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    build = commands.add_parser("report", help="the table and figures from the results' CSVs")
+    build.add_argument("--references", type=Path, default=DEFAULT_REFERENCES,
+                       help=f"published numbers (default {DEFAULT_REFERENCES.name})")
+    for command in (gather, build):
+        command.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
+                             help="folder of the kept results (default benchmarks/mujoco)")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "collect":
+            for group in collect(args.runs, args.results):
+                print(f"{group.algo} on {group.env_id}: seeds {group.seeds}, {group.steps:,} "
+                      f"steps each, {_duration(group.wall_s)}")
+        else:
+            for path in report(args.results, args.references):
+                print(f"wrote {path}")
+    except ResultsError as err:
+        print(f"table.py: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,155 @@
+"""benchmarks/table.py: run folders -> the kept CSVs -> the table (numbers checked against
+hand-computed ones), a figure per task and one across tasks, rebuilt from the CSVs alone;
+and its one-line errors."""
+
+from __future__ import annotations
+
+import importlib
+import shutil
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+from rl_graphstep import train
+from rl_graphstep.aggregate import bootstrap_interval, iqm
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+REFERENCES = """algo,task,source,env_id,steps,mean,std,seeds,what,where
+td3,HalfCheetah,cleanrl,HalfCheetah-v4,1000000,1000,100,3,"training returns, 3 seeds",docs
+td3,HalfCheetah,td3_paper,HalfCheetah-v1,1000000,9000,,10,max of evaluations,paper
+sac,Hopper,cleanrl,Hopper-v4,1000000,3000,200,3,training returns,docs
+"""
+
+
+def load(name: str) -> ModuleType:
+    """Import a benchmarks/ script (benchmarks/ is not a package; its scripts import each
+    other as modules of their folder)."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    return importlib.import_module(name)
+
+
+def config_table(env_id: str, algo: str, seed: int) -> str:
+    return (f"| key | value |\n|---|---|\n| env_id | {env_id} |\n| algo | {algo} |\n"
+            f"| seed | {seed} |")
+
+
+def write_run(run_dir: Path, env_id: str, algo: str, seed: int,
+              episodes: list[tuple[int, float]], seconds: float) -> None:
+    """A single-seed run's event file: its config and episodes, the last ``seconds`` after
+    the file was opened."""
+    writer = SummaryWriter(str(run_dir))
+    start = time.time()
+    writer.add_text("hyperparameters", config_table(env_id, algo, seed))
+    for i, (step, value) in enumerate(episodes):
+        at = start + seconds * (i + 1) / len(episodes)
+        writer.add_scalar("charts/episodic_return", value, step, walltime=at)
+    writer.close()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A real seed group (SAC on Pendulum, seeds 1 and 2), and TD3 on HalfCheetah as three
+    single-seed runs with chosen returns and wall times; seed 3's run was resumed (two event
+    files of 40 s each)."""
+    log_dir = tmp_path_factory.mktemp("runs")
+    assert train.main(["--env", "Pendulum-v1", "--num-seeds", "2", "--total-timesteps", "600",
+                       "--learning-starts", "100", "--batch-size", "16", "--hidden-sizes", "16",
+                       "16", "--log-interval", "100", "--no-progress", "--device", "cpu",
+                       "--log-dir", str(log_dir), "--run-name", "group"]) == 0
+    steps = [1000 * (i + 1) for i in range(12)]
+    for seed, level in ((1, 900.0), (2, 1100.0)):
+        write_run(log_dir / f"td3_{seed}", "HalfCheetah-v5", "td3", seed,
+                  [(s, level + i) for i, s in enumerate(steps)], 100.0)
+    write_run(log_dir / "td3_3", "HalfCheetah-v5", "td3", 3,
+              [(s, 2000.0) for s in steps[:6]], 40.0)
+    write_run(log_dir / "td3_3", "HalfCheetah-v5", "td3", 3,
+              [(s, 2000.0) for s in steps[6:]], 40.0)
+    references = log_dir / "references.csv"
+    references.write_text(REFERENCES)
+    return {"group": log_dir / "group", "td3": log_dir, "references": references}
+
+
+def test_collect_keeps_each_seeds_returns_and_the_groups_cost(runs: dict[str, Path],
+                                                              tmp_path: Path) -> None:
+    table = load("table")
+    results = tmp_path / "results"
+    paths = [runs["group"], *(runs["td3"] / f"td3_{s}" for s in (3, 1, 2))]
+    assert table.main(["collect", *map(str, paths), "--results", str(results)]) == 0
+    groups = {g.key: g for g in load("results").load_results(results)}
+    assert set(groups) == {("Pendulum-v1", "sac"), ("HalfCheetah-v5", "td3")}
+    td3 = groups[("HalfCheetah-v5", "td3")]
+    assert td3.seeds == [1, 2, 3] and td3.steps == 12_000
+    assert td3.wall_s == pytest.approx(100 + 100 + 40 + 40, abs=2)
+    assert td3.env_steps_per_s == pytest.approx(3 * 12_000 / td3.wall_s)
+    np.testing.assert_allclose(td3.finals(), [900 + 6.5, 1100 + 6.5, 2000])  # last 10 of 12
+    sac = groups[("Pendulum-v1", "sac")]
+    assert sac.seeds == [1, 2] and sac.steps == 600
+    assert [list(c.steps) for c in sac.curves] == [[200, 400, 600]] * 2
+    assert 0 < sac.wall_s < 300
+
+
+def test_report_builds_the_table_and_figures_from_the_csvs_alone(runs: dict[str, Path],
+                                                                 tmp_path: Path) -> None:
+    table = load("table")
+    copies = tmp_path / "runs"
+    shutil.copytree(runs["td3"], copies)
+    results = tmp_path / "results"
+    assert table.main(["collect", str(copies / "group"),
+                       *(str(copies / f"td3_{s}") for s in (1, 2, 3)),
+                       "--results", str(results)]) == 0
+    shutil.rmtree(copies)  # the report needs the kept CSVs only
+    assert table.main(["report", "--results", str(results), "--references",
+                       str(runs["references"])]) == 0
+    rows = (results / "table.md").read_text().splitlines()
+    (td3,) = [row for row in rows if "| TD3 |" in row]
+    finals = np.array([906.5, 1106.5, 2000.0])
+    low, high = bootstrap_interval(finals, iqm)
+    cells = [cell.strip() for cell in td3.strip("|").split("|")]
+    assert cells[:6] == [
+        "HalfCheetah-v5", "TD3", "1: 906, 2: 1,106, 3: 2,000",
+        f"{finals.mean():,.0f} ± {finals.std():,.0f}",
+        f"{iqm(finals):,.0f} [{low:,.0f}, {high:,.0f}]",
+        "CleanRL (HalfCheetah-v4): 1,000 ± 100<br>TD3 paper (HalfCheetah-v1): 9,000",
+    ]
+    assert cells[6] == "yes"  # mean 1,338 >= 1,000 - 100, against the first reference
+    (sac,) = [row for row in rows if "| SAC |" in row]
+    assert "| none found | - |" in sac  # no Pendulum reference
+    for name in ("HalfCheetah.png", "Pendulum.png", "aggregate.png"):
+        assert (results / name).read_bytes().startswith(PNG_SIGNATURE), name
+
+
+def test_the_normalised_scores_divide_by_the_first_reference(runs: dict[str, Path],
+                                                             tmp_path: Path) -> None:
+    table, results = load("table"), load("results")
+    groups = results.pool(results.read_group(runs["td3"] / f"td3_{s}") for s in (1, 2, 3))
+    scores = table.normalised_scores(groups, table.read_references(runs["references"]))
+    np.testing.assert_allclose(scores["td3"][0], np.array([906.5, 1106.5, 2000.0]) / 1000)
+    grid, rows = table.smoothed_curves(groups[0])
+    assert rows.shape == (3, table.CURVE_POINTS)
+    # Seed 1's trailing mean of 10 at its last episode: returns 902..911.
+    assert rows[0, -1] == pytest.approx(906.5) and grid[-1] == 12_000
+
+
+@pytest.mark.parametrize(("setup", "message"), [
+    ("empty", "no tensorboard event files in this folder"),
+    ("twice", "td3 on HalfCheetah-v5: seed 1 appears in two runs; give each seed once"),
+])
+def test_a_run_that_cannot_be_read_is_one_line(runs: dict[str, Path], tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str], setup: str,
+                                               message: str) -> None:
+    table = load("table")
+    if setup == "empty":
+        (tmp_path / "empty").mkdir()
+        paths = [tmp_path / "empty"]
+    else:
+        paths = [runs["td3"] / "td3_1", runs["td3"] / "td3_1"]
+    assert table.main(["collect", *map(str, paths), "--results", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("table.py: error: ") and err.endswith(message) and "\n" not in err
