@@ -7,7 +7,8 @@ numbers, with one learning-curve figure per task and one across tasks.
 
 ``collect`` reads seed-group folders (``--num-seeds K``) or single-seed run folders (pooled by
 algorithm and task) into CSV files in ``--results``; ``report`` builds, from those files
-alone, ``table.md`` (also printed), ``<task>.png`` and ``aggregate.png`` there.
+alone, ``table.md`` (also printed), ``summary.md`` (the README's short form: each group's IQM
+beside the published mean), ``<task>.png`` and ``aggregate.png`` there.
 
 Per group: each seed's mean return over its last 10 episodes; their mean ± std (numpy's,
 over the seeds) and interquartile mean with its 95% percentile-bootstrap interval; the wall
@@ -131,6 +132,28 @@ def table(groups: Sequence[GroupResult],
     return "\n".join(lines) + "\n"
 
 
+def summary(groups: Sequence[GroupResult],
+            references: dict[tuple[str, str], list[Reference]]) -> str:
+    """The README's short form: a row per task, a column per algorithm, each cell the seeds'
+    IQM and, in brackets, the first published mean."""
+    algos = sorted({g.algo for g in groups})
+    cells = {g.key: g for g in groups}
+    lines = ["| Task | " + " | ".join(a.upper() for a in algos) + " |",
+             "|---|" + "---:|" * len(algos)]
+    for env_id in sorted({g.env_id for g in groups}):
+        row = []
+        for algo in algos:
+            group = cells.get((env_id, algo))
+            if group is None:
+                row.append("")
+                continue
+            found = references.get((algo, task_of(env_id)))
+            published = f" ({_number(found[0].mean)})" if found else ""
+            row.append(f"{_number(iqm(group.finals()))}{published}")
+        lines.append(f"| {env_id} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def smoothed_curves(group: GroupResult, points: int = CURVE_POINTS
                     ) -> tuple[np.ndarray, np.ndarray]:
     """Every seed's trailing mean of its last 10 episodes, on a common grid of env steps
@@ -245,7 +268,8 @@ def report(results_dir: Path, references_path: Path) -> list[Path]:
     text = table(groups, references)
     print(text, end="")
     (results_dir / "table.md").write_text(text)
-    written = [results_dir / "table.md"]
+    (results_dir / "summary.md").write_text(summary(groups, references))
+    written = [results_dir / "table.md", results_dir / "summary.md"]
     try:
         import matplotlib
     except ImportError:

@@ -121,6 +121,10 @@ def test_report_builds_the_table_and_figures_from_the_csvs_alone(runs: dict[str,
     assert cells[6] == "yes"  # mean 1,338 >= 1,000 - 100, against the first reference
     (sac,) = [row for row in rows if "| SAC |" in row]
     assert "| none found | - |" in sac  # no Pendulum reference
+    assert (results / "summary.md").read_text().splitlines() == [
+        "| Task | SAC | TD3 |", "|---|---:|---:|",
+        "| HalfCheetah-v5 |  | 1,338 (1,000) |",
+        f"| Pendulum-v1 | {iqm(load('results').load_results(results)[1].finals()):,.0f} |  |"]
     for name in ("HalfCheetah.png", "Pendulum.png", "aggregate.png"):
         assert (results / name).read_bytes().startswith(PNG_SIGNATURE), name
 
