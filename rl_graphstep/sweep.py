@@ -1,0 +1,223 @@
+"""Hyperparameter sweeps and seed grids on Ray Tune: each trial is one ``train()`` call that
+trains the sweep's seeds as one group, and reports the group's returns at each log interval.
+
+    pip install -e ".[sweep]"
+    python -m rl_graphstep.sweep configs/sweeps/sac_pendulum.yaml      # a local Ray
+    python -m rl_graphstep.sweep my_sweep.yaml --address auto --gpus-per-trial 0.25
+
+Every trial trains in ``<log-dir>/<sweep>/<trial>/`` (its seeds inside, as a seed group lays
+them out) and checkpoints as a run does; a retried trial resumes from its last checkpoint.
+Tune's own state lies in ``<log-dir>/<sweep>/.tune/``. At the end the trials are printed
+best first and written to ``results.csv`` and ``results.md``, and the best trial's config to
+``best_config.yaml`` (``train --config`` takes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rl_graphstep.aggregate import iqm, seed_means
+from rl_graphstep.checkpoint import list_checkpoints
+from rl_graphstep.config import config_to_dict
+from rl_graphstep.errors import ConfigError
+from rl_graphstep.sweepfile import SweepSpec, read_sweep_file, trial_config
+
+__all__ = ["main", "search_space", "trial_metrics"]
+
+METRIC_KEYS = {"iqm": "iqm_return", "mean": "mean_return"}
+SCORE = "score"  # what Tune optimises: the sweep's metric, under one name
+
+
+def trial_metrics(recent: Sequence[Sequence[float]], metric: str) -> dict[str, float]:
+    """The group's ``iqm_return`` and ``mean_return`` over its seeds' mean recent returns,
+    and ``score``, the sweep's ``metric`` of the two; NaN until every seed ended an episode."""
+    means = seed_means(recent)
+    if not means or any(m is None for m in means):
+        values = {"iqm_return": float("nan"), "mean_return": float("nan")}
+    else:
+        values = {"iqm_return": float(iqm(means)), "mean_return": float(sum(means) / len(means))}
+    return {**values, SCORE: values[METRIC_KEYS[metric]]}
+
+
+def search_space(spec: SweepSpec) -> dict[str, Any]:
+    """The sweep's search space in Tune's terms (lists for tuples: Tune stores them as JSON)."""
+    from ray import tune
+
+    def plain(value: Any) -> Any:
+        return list(value) if isinstance(value, tuple) else value
+
+    space: dict[str, Any] = {name: tune.grid_search([plain(v) for v in values])
+                             for name, values in spec.grid.items()}
+    for name, sampled in spec.sampled.items():
+        if sampled.kind == "choice":
+            space[name] = tune.choice([plain(v) for v in sampled.values])
+            continue
+        low, high = sampled.values
+        if sampled.kind == "uniform":
+            space[name] = tune.uniform(low, high)
+        elif sampled.kind == "loguniform":
+            space[name] = tune.loguniform(low, high)
+        else:
+            space[name] = tune.randint(low, high + 1)  # Tune's high is excluded, ours not
+    return space
+
+
+def run_trial(params: dict[str, Any], spec: SweepSpec, sweep_dir: str) -> None:
+    """One trial: train the group in its own folder (resuming it where a retry finds a
+    checkpoint), reporting to Tune at each log interval and at the end."""
+    import dataclasses
+
+    from ray import tune
+
+    from rl_graphstep.train import train
+
+    name = tune.get_context().get_trial_id()
+    cfg = trial_config(spec, params, log_dir=sweep_dir, run_name=name)
+    folder = Path(sweep_dir) / name
+    if folder.is_dir() and list_checkpoints(folder):
+        cfg = dataclasses.replace(cfg, resume=str(folder))
+
+    def report(step: int, recent: list[list[float]]) -> None:
+        tune.report({**trial_metrics(recent, spec.metric), "global_step": step})
+
+    summary = train(cfg, report=report)
+    tune.report({**trial_metrics(summary["recent_returns"], spec.metric),
+                 "global_step": summary["global_step"]})
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m rl_graphstep.sweep",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("sweep_file", help="the sweep's YAML file")
+    parser.add_argument("--log-dir", default="runs", help="where the sweep's folder goes")
+    parser.add_argument("--address", help="a running Ray cluster (auto, host:port, "
+                                          "ray://...); without it a local Ray starts")
+    parser.add_argument("--cpus-per-trial", type=float, default=1.0)
+    parser.add_argument("--gpus-per-trial", type=float, default=0.0,
+                        help="fractions pack several trials on one GPU")
+    parser.add_argument("--scheduler", choices=["fifo", "asha"], default="fifo",
+                        help="asha stops trials that trail the others early")
+    parser.add_argument("--max-failures", type=int, default=2,
+                        help="retries of a failed trial, each from its last checkpoint")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the sweep in this folder where it stopped")
+    return parser
+
+
+def _scheduler(name: str, spec: SweepSpec) -> Any:
+    if name == "fifo":
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    total = int(spec.base.get("total_timesteps", 1_000_000))
+    return ASHAScheduler(time_attr="global_step", max_t=total, grace_period=max(1, total // 8))
+
+
+def run_sweep(spec: SweepSpec, args: argparse.Namespace) -> Any:
+    """Run (or continue) the sweep on Ray Tune; return Tune's result grid."""
+    # The runs write their own tensorboard logs: Tune keeps only its JSON and CSV results.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    import ray
+    from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    sweep_dir = (Path(args.log_dir) / spec.name).resolve()
+    tune_dir = sweep_dir / ".tune"
+    if args.resume and not (tune_dir / spec.name).is_dir():
+        raise ConfigError(f"{sweep_dir} holds no sweep to resume; run it without --resume")
+    if not args.resume and tune_dir.exists():
+        raise ConfigError(f"{sweep_dir} already holds a sweep; continue it with --resume or "
+                          "give the sweep another name")
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    ray.init(address=args.address, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    try:
+        trainable = tune.with_resources(
+            tune.with_parameters(run_trial, spec=spec, sweep_dir=str(sweep_dir)),
+            {"cpu": args.cpus_per_trial, "gpu": args.gpus_per_trial})
+        if args.resume:
+            tuner = tune.Tuner.restore(str(tune_dir / spec.name), trainable,
+                                       resume_unfinished=True, resume_errored=True)
+        else:
+            tuner = tune.Tuner(
+                trainable, param_space=search_space(spec),
+                tune_config=tune.TuneConfig(num_samples=spec.num_samples, metric=SCORE,
+                                            mode=spec.mode,
+                                            scheduler=_scheduler(args.scheduler, spec)),
+                run_config=tune.RunConfig(
+                    name=spec.name, storage_path=str(tune_dir), verbose=0,
+                    callbacks=[JsonLoggerCallback(), CSVLoggerCallback()],
+                    failure_config=tune.FailureConfig(max_failures=args.max_failures)))
+        return tuner.fit()
+    finally:
+        ray.shutdown()
+
+
+def write_results(spec: SweepSpec, results: Any, sweep_dir: Path) -> list[dict[str, Any]]:
+    """The trials best first, printed and written as CSV and Markdown; the best one's config
+    as YAML. Returns the rows."""
+    rows = []
+    for result in results:
+        metrics = result.metrics or {}
+        params = {name: result.config.get(name) for name in (*spec.grid, *spec.sampled)}
+        rows.append({"trial": metrics.get("trial_id", Path(result.path).name), **params,
+                     SCORE: metrics.get(SCORE, float("nan")),
+                     "iqm_return": metrics.get("iqm_return", float("nan")),
+                     "mean_return": metrics.get("mean_return", float("nan")),
+                     "global_step": metrics.get("global_step", 0),
+                     "error": "" if result.error is None else str(result.error).splitlines()[0]})
+    sign = -1.0 if spec.mode == "max" else 1.0
+    rows.sort(key=lambda r: (r[SCORE] != r[SCORE], sign * (r[SCORE] if r[SCORE] == r[SCORE]
+                                                           else 0.0)))
+    columns = list(rows[0]) if rows else ["trial"]
+    with (sweep_dir / "results.csv").open("w", newline="") as out:
+        writer = csv.DictWriter(out, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(r[c]) for c in columns) + " |" for r in rows]
+    (sweep_dir / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if rows and rows[0][SCORE] == rows[0][SCORE]:
+        best = rows[0]
+        cfg = trial_config(spec, {n: best[n] for n in (*spec.grid, *spec.sampled)},
+                           log_dir="runs", run_name=f"{spec.name}_best")
+        values = {k: v for k, v in config_to_dict(cfg).items()
+                  if k not in ("log_dir", "run_name", "resume")}
+        (sweep_dir / "best_config.yaml").write_text(
+            f"# the best trial of sweep {spec.name} ({best['trial']}, {SCORE} "
+            f"{best[SCORE]:.1f}); train it with: python -m rl_graphstep.train --config "
+            f"{sweep_dir / 'best_config.yaml'}\n" + yaml.safe_dump(values, sort_keys=False))
+    return rows
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        spec = read_sweep_file(args.sweep_file)
+        results = run_sweep(spec, args)
+    except ConfigError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except ImportError as err:
+        print(f"error: sweeps need Ray Tune ({err.name} is missing): "
+              'pip install "rl_graphstep[sweep]"', file=sys.stderr)
+        return 2
+    rows = write_results(spec, results, (Path(args.log_dir) / spec.name).resolve())
+    return 0 if rows and not any(r["error"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Sweeps on Ray Tune: a 2 x 2 grid on a local Ray (every trial a seed group), the results
+table and best config, a second sweep into the same folder refused; the metric and the search
+space on their own."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+
+from rl_graphstep.sweep import main, trial_metrics
+from rl_graphstep.train import main as train_main
+
+SWEEP = """
+name: grid
+base:
+  env_id: Pendulum-v1
+  total_timesteps: 400
+  learning_starts: 200
+  batch_size: 32
+  hidden_sizes: [16]
+  device: cpu
+  log_interval: 100
+  progress: false
+search:
+  q_lr: [0.001, 0.0003]
+  policy_lr: [0.001, 0.0003]
+num_seeds: 2
+"""
+
+
+def test_the_metric_is_the_iqm_or_mean_of_the_seeds_recent_means() -> None:
+    recent = [[-100.0, -300.0], [-50.0], [-900.0], [-10.0]]  # seed means -200, -50, -900, -10
+    got = trial_metrics(recent, "iqm")
+    assert got["iqm_return"] == pytest.approx(-125.0)  # the middle two: -200 and -50
+    assert got["mean_return"] == pytest.approx(-290.0)
+    assert got["score"] == got["iqm_return"]
+    assert trial_metrics(recent, "mean")["score"] == got["mean_return"]
+    assert math.isnan(trial_metrics([[-1.0], []], "iqm")["score"])  # a seed without episodes
+
+
+def test_the_search_space_in_tunes_terms(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    from rl_graphstep.sweep import search_space
+    from rl_graphstep.sweepfile import read_sweep_file
+
+    path = tmp_path / "s.yaml"
+    path.write_text("search:\n  q_lr: [0.1, 0.01]\n  policy_frequency: {randint: [1, 3]}\n"
+                    "  hidden_sizes: {choice: [[8], [16, 16]]}\n")
+    space = search_space(read_sweep_file(path))
+    assert space["q_lr"] == {"grid_search": [0.1, 0.01]}
+    assert (space["policy_frequency"].lower, space["policy_frequency"].upper) == (1, 4)
+    assert space["hidden_sizes"].categories == [[8], [16, 16]]
+
+
+def test_a_two_by_two_grid_on_a_local_ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ray.tune")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "grid.yaml").write_text(SWEEP)
+    assert main(["grid.yaml", "--log-dir", "runs"]) == 0
+    sweep = tmp_path / "runs" / "grid"
+    with (sweep / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 and all(row["error"] == "" for row in rows)
+    assert {(row["q_lr"], row["policy_lr"]) for row in rows} == {
+        (q, p) for q in ("0.001", "0.0003") for p in ("0.001", "0.0003")}
+    scores = [float(row["score"]) for row in rows]
+    assert scores == sorted(scores, reverse=True)  # best first (mode max)
+    assert all(row["global_step"] == "400" for row in rows)
+    for row in rows:  # each trial: its seed group's folder
+        assert sorted(p.name for p in (sweep / row["trial"]).iterdir()) == [
+            "aggregate", "checkpoints", "seed_1", "seed_2"]
+    assert (sweep / "results.md").read_text().count("\n") == 6  # header, rule, 4 trials
+    best = sweep / "best_config.yaml"
+    assert f"({rows[0]['trial']}," in best.read_text().splitlines()[0]
+    capsys.readouterr()
+    # The best config trains as it is (shorter here), as a seed group of the sweep's seeds.
+    assert train_main(["--config", str(best), "--total-timesteps", "300", "--log-dir",
+                       str(tmp_path / "again")]) == 0
+    assert (next((tmp_path / "again").iterdir()) / "seed_2").is_dir()
+    # A second sweep into the same folder is one line and exit 2.
+    assert main(["grid.yaml", "--log-dir", "runs"]) == 2
+    assert capsys.readouterr().err == (f"error: {sweep} already holds a sweep; continue it "
+                                       "with --resume or give the sweep another name\n")
