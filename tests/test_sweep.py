@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -85,3 +86,59 @@ def test_a_two_by_two_grid_on_a_local_ray(tmp_path: Path, monkeypatch: pytest.Mo
     assert main(["grid.yaml", "--log-dir", "runs"]) == 2
     assert capsys.readouterr().err == (f"error: {sweep} already holds a sweep; continue it "
                                        "with --resume or give the sweep another name\n")
+
+
+FAIL_ONCE = '''
+"""Pendulum whose 250th step (counted over its episodes) raises while a marker file exists,
+removing it: the first attempt of a trial fails there, its retry does not."""
+import os
+
+import gymnasium as gym
+from gymnasium.envs.classic_control.pendulum import PendulumEnv
+
+MARKER = os.environ["FAIL_ONCE_MARKER"]
+
+
+class FailOncePendulum(PendulumEnv):
+    steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == 250 and os.path.exists(MARKER):
+            os.remove(MARKER)
+            raise RuntimeError("the simulator crashed")
+        return super().step(action)
+
+
+gym.register("FailOncePendulum-v0", entry_point=FailOncePendulum, max_episode_steps=200)
+'''
+
+
+def test_a_failed_trial_is_retried_from_its_last_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ray.tune")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (tmp_path / "failonce.py").write_text(FAIL_ONCE)
+    marker = tmp_path / "fail-once"
+    marker.touch()
+    monkeypatch.setenv("FAIL_ONCE_MARKER", str(marker))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "once.yaml").write_text(
+        SWEEP.replace("name: grid", "name: once")
+        .replace("env_id: Pendulum-v1", "env_id: failonce:FailOncePendulum-v0\n"
+                                        "  checkpoint_every: 100")
+        .replace("  policy_lr: [0.001, 0.0003]\n", "")
+        .replace("q_lr: [0.001, 0.0003]", "q_lr: [0.001]"))
+    assert main(["once.yaml", "--log-dir", "runs", "--max-failures", "1"]) == 0
+    assert not marker.exists()  # the first attempt failed at its 250th step
+    sweep = tmp_path / "runs" / "once"
+    with (sweep / "results.csv").open() as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["error"] == "" and row["global_step"] == "400"
+    events = EventAccumulator(str(sweep / row["trial"] / "aggregate"))
+    events.Reload()
+    # Logged at 100 and 200 by the first attempt, then on from its checkpoint at 200 by the
+    # retry: each step once (a retry from scratch would log 100 and 200 twice).
+    assert [e.step for e in events.Scalars("charts/SPS")] == [100, 200, 300, 400]
