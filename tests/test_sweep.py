@@ -142,3 +142,41 @@ def test_a_failed_trial_is_retried_from_its_last_checkpoint(
     # Logged at 100 and 200 by the first attempt, then on from its checkpoint at 200 by the
     # retry: each step once (a retry from scratch would log 100 and 200 twice).
     assert [e.step for e in events.Scalars("charts/SPS")] == [100, 200, 300, 400]
+
+
+def test_a_driver_killed_mid_sweep_resumes_and_every_trial_finishes_once(
+        tmp_path: Path) -> None:
+    pytest.importorskip("ray.tune")
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (tmp_path / "grid.yaml").write_text(SWEEP.replace("total_timesteps: 400",
+                                                      "total_timesteps: 1000\n"
+                                                      "  checkpoint_every: 200"))
+    root = Path(__file__).parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable, "-m", "rl_graphstep.sweep", "grid.yaml", "--log-dir", "runs"]
+    driver = subprocess.Popen(command, cwd=tmp_path, env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sweep = tmp_path / "runs" / "grid"
+    deadline = time.monotonic() + 120
+    # Killed once some trial has checkpointed (others may have finished or not started).
+    while time.monotonic() < deadline and not list(sweep.glob("*/checkpoints/step_*400.pt")):
+        time.sleep(0.2)
+    os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started
+    driver.wait()
+    assert not (sweep / "results.csv").exists()
+    resumed = subprocess.run([*command, "--resume"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    with (sweep / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 and all(r["error"] == "" and r["global_step"] == "1000" for r in rows)
+    for row in rows:  # every step of every trial logged once: nothing was run twice
+        events = EventAccumulator(str(sweep / row["trial"] / "aggregate"))
+        events.Reload()
+        assert [e.step for e in events.Scalars("charts/SPS")] == list(range(100, 1001, 100))
