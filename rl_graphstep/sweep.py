@@ -75,6 +75,7 @@ def run_trial(params: dict[str, Any], spec: SweepSpec, sweep_dir: str) -> None:
     checkpoint), reporting to Tune at each log interval and at the end."""
     import dataclasses
 
+    import ray
     from ray import tune
 
     from rl_graphstep.train import train
@@ -85,12 +86,14 @@ def run_trial(params: dict[str, Any], spec: SweepSpec, sweep_dir: str) -> None:
     if folder.is_dir() and list_checkpoints(folder):
         cfg = dataclasses.replace(cfg, resume=str(folder))
 
+    node = ray.get_runtime_context().get_node_id()  # where it ran, for the results table
+
     def report(step: int, recent: list[list[float]]) -> None:
-        tune.report({**trial_metrics(recent, spec.metric), "global_step": step})
+        tune.report({**trial_metrics(recent, spec.metric), "global_step": step,
+                     "node_id": node})
 
     summary = train(cfg, report=report)
-    tune.report({**trial_metrics(summary["recent_returns"], spec.metric),
-                 "global_step": summary["global_step"]})
+    report(summary["global_step"], summary["recent_returns"])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -173,6 +176,7 @@ def write_results(spec: SweepSpec, results: Any, sweep_dir: Path) -> list[dict[s
                      "iqm_return": metrics.get("iqm_return", float("nan")),
                      "mean_return": metrics.get("mean_return", float("nan")),
                      "global_step": metrics.get("global_step", 0),
+                     "node": str(metrics.get("node_id", ""))[:12],
                      "error": "" if result.error is None else str(result.error).splitlines()[0]})
     sign = -1.0 if spec.mode == "max" else 1.0
     rows.sort(key=lambda r: (r[SCORE] != r[SCORE], sign * (r[SCORE] if r[SCORE] == r[SCORE]

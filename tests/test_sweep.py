@@ -180,3 +180,65 @@ def test_a_driver_killed_mid_sweep_resumes_and_every_trial_finishes_once(
         events = EventAccumulator(str(sweep / row["trial"] / "aggregate"))
         events.Reload()
         assert [e.step for e in events.Scalars("charts/SPS")] == list(range(100, 1001, 100))
+
+
+@pytest.mark.slow
+def test_a_sweep_on_a_two_node_cluster_retries_a_killed_worker(tmp_path: Path) -> None:
+    """A real cluster on loopback, started and stopped by this test with Ray's own commands:
+    a head and a second node of one CPU each. The trials run on both, and the one whose worker
+    process is killed is retried from its checkpoint and finishes."""
+    pytest.importorskip("ray.tune")
+    import json
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ray = str(Path(sys.executable).with_name("ray"))
+    address = f"127.0.0.1:{port}"
+    common = ["--num-cpus", "1", "--disable-usage-stats"]
+    (tmp_path / "grid.yaml").write_text(SWEEP.replace("total_timesteps: 400",
+                                                      "total_timesteps: 1000\n"
+                                                      "  checkpoint_every: 200"))
+    root = Path(__file__).parents[1]
+    # A loopback cluster of this test alone: no token for its nodes and driver to share.
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "RAY_AUTH_MODE": "disabled"}
+    try:
+        subprocess.run([ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port",
+                        str(port), "--include-dashboard", "false", *common], check=True,
+                       env=env, capture_output=True, timeout=120)
+        subprocess.run([ray, "start", "--address", address, *common], check=True, env=env,
+                       capture_output=True, timeout=120)
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "rl_graphstep.sweep", "grid.yaml", "--log-dir", "runs",
+             "--address", address, "--max-failures", "2"],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        sweep = tmp_path / "runs" / "grid"
+        killed = None
+        deadline = time.monotonic() + 180
+        while killed is None and time.monotonic() < deadline and driver.poll() is None:
+            for result in sweep.glob(".tune/grid/*/result.json"):
+                lines = result.read_text().splitlines()
+                if lines and json.loads(lines[-1])["global_step"] >= 400:
+                    killed = json.loads(lines[-1])
+                    os.kill(killed["pid"], signal.SIGKILL)  # the trial's worker process
+                    break
+            time.sleep(0.1)
+        _, stderr = driver.communicate(timeout=300)
+        assert driver.returncode == 0, stderr[-3000:]
+        assert killed is not None
+        with (sweep / "results.csv").open() as f:
+            rows = list(csv.DictReader(f))
+        assert len(rows) == 4 and all(r["error"] == "" and r["global_step"] == "1000"
+                                      for r in rows)
+        assert len({r["node"] for r in rows}) == 2  # both nodes ran trials
+        # Finished without an error: its retry resumed its folder (one from scratch is refused,
+        # the folder holding a run with checkpoints).
+        assert killed["trial_id"] in {r["trial"] for r in rows}
+    finally:
+        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
