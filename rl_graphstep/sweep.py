@@ -108,6 +108,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="fractions pack several trials on one GPU")
     parser.add_argument("--scheduler", choices=["fifo", "asha"], default="fifo",
                         help="asha stops trials that trail the others early")
+    parser.add_argument("--search", choices=["variants", "optuna"], default="variants",
+                        help="variants: the grid, with sampled values drawn at random; optuna: "
+                             "Optuna picks each trial's values (optuna must be installed)")
     parser.add_argument("--max-failures", type=int, default=2,
                         help="retries of a failed trial, each from its last checkpoint")
     parser.add_argument("--resume", action="store_true",
@@ -124,6 +127,21 @@ def _scheduler(name: str, spec: SweepSpec) -> Any:
     return ASHAScheduler(time_attr="global_step", max_t=total, grace_period=max(1, total // 8))
 
 
+def _search(name: str, spec: SweepSpec) -> Any:
+    if name == "variants":
+        return None
+    if spec.grid:
+        raise ConfigError(f"--search optuna samples every setting; the grid of "
+                          f"{', '.join(spec.grid)} in {spec.source} would be one choice each "
+                          "(write it as {choice: [...]})")
+    try:
+        import optuna  # noqa: F401  (OptunaSearch only fails when used)
+        from ray.tune.search.optuna import OptunaSearch
+    except ImportError:
+        raise ConfigError("--search optuna needs optuna: pip install optuna") from None
+    return OptunaSearch()
+
+
 def run_sweep(spec: SweepSpec, args: argparse.Namespace) -> Any:
     """Run (or continue) the sweep on Ray Tune; return Tune's result grid."""
     # The runs write their own tensorboard logs: Tune keeps only its JSON and CSV results.
@@ -134,6 +152,7 @@ def run_sweep(spec: SweepSpec, args: argparse.Namespace) -> Any:
 
     sweep_dir = (Path(args.log_dir) / spec.name).resolve()
     tune_dir = sweep_dir / ".tune"
+    search = _search(args.search, spec)
     if args.resume and not (tune_dir / spec.name).is_dir():
         raise ConfigError(f"{sweep_dir} holds no sweep to resume; run it without --resume")
     if not args.resume and tune_dir.exists():
@@ -154,7 +173,8 @@ def run_sweep(spec: SweepSpec, args: argparse.Namespace) -> Any:
                 trainable, param_space=search_space(spec),
                 tune_config=tune.TuneConfig(num_samples=spec.num_samples, metric=SCORE,
                                             mode=spec.mode,
-                                            scheduler=_scheduler(args.scheduler, spec)),
+                                            scheduler=_scheduler(args.scheduler, spec),
+                                            search_alg=search),
                 run_config=tune.RunConfig(
                     name=spec.name, storage_path=str(tune_dir), verbose=0,
                     callbacks=[JsonLoggerCallback(), CSVLoggerCallback()],

@@ -242,3 +242,29 @@ def test_a_sweep_on_a_two_node_cluster_retries_a_killed_worker(tmp_path: Path) -
         assert killed["trial_id"] in {r["trial"] for r in rows}
     finally:
         subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+def test_optuna_picks_the_sampled_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ray.tune")
+    pytest.importorskip("optuna")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "opt.yaml").write_text(
+        SWEEP.replace("name: grid", "name: opt")
+        .replace("  q_lr: [0.001, 0.0003]\n  policy_lr: [0.001, 0.0003]\n",
+                 "  q_lr: {loguniform: [1.0e-4, 1.0e-2]}\n")
+        .replace("num_seeds: 2", "num_seeds: 1\nnum_samples: 2"))
+    assert main(["opt.yaml", "--log-dir", "runs", "--search", "optuna"]) == 0
+    with (tmp_path / "runs" / "opt" / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 and all(1e-4 <= float(r["q_lr"]) <= 1e-2 for r in rows)
+
+
+def test_optuna_refuses_a_grid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ray.tune")
+    (tmp_path / "grid.yaml").write_text(SWEEP)
+    assert main([str(tmp_path / "grid.yaml"), "--log-dir", str(tmp_path / "runs"),
+                 "--search", "optuna"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --search optuna samples every setting; the grid of q_lr, policy_lr in "
+        f"{tmp_path / 'grid.yaml'} would be one choice each (write it as {{choice: [...]}})\n")
+    assert not (tmp_path / "runs").exists()  # refused before anything was made
