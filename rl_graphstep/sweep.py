@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -88,12 +89,12 @@ def run_trial(params: dict[str, Any], spec: SweepSpec, sweep_dir: str) -> None:
 
     node = ray.get_runtime_context().get_node_id()  # where it ran, for the results table
 
-    def report(step: int, recent: list[list[float]]) -> None:
+    def report(step: int, recent: list[list[float]], finished: bool = False) -> None:
         tune.report({**trial_metrics(recent, spec.metric), "global_step": step,
-                     "node_id": node})
+                     "node_id": node, "finished": finished})
 
     summary = train(cfg, report=report)
-    report(summary["global_step"], summary["recent_returns"])
+    report(summary["global_step"], summary["recent_returns"], finished=True)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -142,8 +143,9 @@ def _search(name: str, spec: SweepSpec) -> Any:
     return OptunaSearch()
 
 
-def run_sweep(spec: SweepSpec, args: argparse.Namespace) -> Any:
-    """Run (or continue) the sweep on Ray Tune; return Tune's result grid."""
+def run_sweep(spec: SweepSpec, args: argparse.Namespace, stopped_by: list[int]) -> Any:
+    """Run (or continue) the sweep on Ray Tune; return Tune's result grid. A SIGTERM stops it
+    as a Ctrl-C does (Tune saves its state and stops the trials), noted in ``stopped_by``."""
     # The runs write their own tensorboard logs: Tune keeps only its JSON and CSV results.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     import ray
@@ -161,6 +163,12 @@ def run_sweep(spec: SweepSpec, args: argparse.Namespace) -> Any:
     sweep_dir.mkdir(parents=True, exist_ok=True)
     ray.init(address=args.address, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
+
+    def stop(signum: int, _frame: object) -> None:
+        stopped_by.append(signum)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    previous = signal.signal(signal.SIGTERM, stop)  # after ray.init, which sets its own
     try:
         trainable = tune.with_resources(
             tune.with_parameters(run_trial, spec=spec, sweep_dir=str(sweep_dir)),
@@ -181,7 +189,17 @@ def run_sweep(spec: SweepSpec, args: argparse.Namespace) -> Any:
                     failure_config=tune.FailureConfig(max_failures=args.max_failures)))
         return tuner.fit()
     finally:
+        signal.signal(signal.SIGTERM, previous)
         ray.shutdown()
+
+
+def _finished(result: Any, scheduler: str) -> bool:
+    """Whether a trial ended: trained to its end, failed, or (ASHA) was stopped early. Tune
+    marks the trials of a sweep stopped by Ctrl-C terminated too, so its status cannot say."""
+    metrics = result.metrics or {}
+    if result.error is not None or metrics.get("finished"):
+        return True
+    return scheduler == "asha" and bool(metrics)  # a trial ASHA stopped had reported
 
 
 def write_results(spec: SweepSpec, results: Any, sweep_dir: Path) -> list[dict[str, Any]]:
@@ -189,8 +207,8 @@ def write_results(spec: SweepSpec, results: Any, sweep_dir: Path) -> list[dict[s
     as YAML. Returns the rows."""
     rows = []
     for result in results:
-        metrics = result.metrics or {}
-        params = {name: result.config.get(name) for name in (*spec.grid, *spec.sampled)}
+        metrics, config = result.metrics or {}, result.config or {}
+        params = {name: config.get(name) for name in (*spec.grid, *spec.sampled)}
         rows.append({"trial": metrics.get("trial_id", Path(result.path).name), **params,
                      SCORE: metrics.get(SCORE, float("nan")),
                      "iqm_return": metrics.get("iqm_return", float("nan")),
@@ -228,10 +246,13 @@ def _cell(value: Any) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry: 0 when every trial finished, 1 when some failed, 2 on bad input,
+    128 + the signal when stopped (Ctrl-C or SIGTERM; ``--resume`` continues)."""
     args = _parser().parse_args(argv)
+    stopped_by: list[int] = []
     try:
         spec = read_sweep_file(args.sweep_file)
-        results = run_sweep(spec, args)
+        results = run_sweep(spec, args, stopped_by)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -239,6 +260,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: sweeps need Ray Tune ({err.name} is missing): "
               'pip install "rl_graphstep[sweep]"', file=sys.stderr)
         return 2
+    unfinished = sum(not _finished(result, args.scheduler) for result in results)
+    if unfinished:
+        print(f"stopped with {unfinished} of {len(results)} trials unfinished; continue with: "
+              f"python -m rl_graphstep.sweep {args.sweep_file} --resume", file=sys.stderr)
+        return 128 + (stopped_by[0] if stopped_by else signal.SIGINT)
     rows = write_results(spec, results, (Path(args.log_dir) / spec.name).resolve())
     return 0 if rows and not any(r["error"] for r in rows) else 1
 

@@ -144,8 +144,11 @@ def test_a_failed_trial_is_retried_from_its_last_checkpoint(
     assert [e.step for e in events.Scalars("charts/SPS")] == [100, 200, 300, 400]
 
 
-def test_a_driver_killed_mid_sweep_resumes_and_every_trial_finishes_once(
-        tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["kill -9", "SIGINT", "SIGTERM"])
+def test_a_driver_stopped_mid_sweep_resumes_and_every_trial_finishes_once(
+        how: str, tmp_path: Path) -> None:
+    """kill -9 of the driver's process group (its local Ray with it), or a Ctrl-C or SIGTERM
+    to the driver, which then stops cleanly with one line; ``--resume`` finishes the rest."""
     pytest.importorskip("ray.tune")
     import signal
     import subprocess
@@ -161,14 +164,23 @@ def test_a_driver_killed_mid_sweep_resumes_and_every_trial_finishes_once(
     env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     command = [sys.executable, "-m", "rl_graphstep.sweep", "grid.yaml", "--log-dir", "runs"]
     driver = subprocess.Popen(command, cwd=tmp_path, env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     sweep = tmp_path / "runs" / "grid"
     deadline = time.monotonic() + 120
     # Killed once some trial has checkpointed (others may have finished or not started).
     while time.monotonic() < deadline and not list(sweep.glob("*/checkpoints/step_*400.pt")):
         time.sleep(0.2)
-    os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started
-    driver.wait()
+    if how == "kill -9":
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started
+        driver.communicate(timeout=60)
+    else:
+        signum = signal.SIGINT if how == "SIGINT" else signal.SIGTERM
+        driver.send_signal(signum)
+        _, stderr = driver.communicate(timeout=120)
+        assert driver.returncode == 128 + signum, stderr[-2000:]
+        assert "trials unfinished; continue with: python -m rl_graphstep.sweep grid.yaml " \
+               "--resume\n" in stderr
+        assert "Traceback" not in stderr
     assert not (sweep / "results.csv").exists()
     resumed = subprocess.run([*command, "--resume"], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=300)
