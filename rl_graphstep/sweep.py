@@ -28,7 +28,8 @@ import yaml
 from rl_graphstep.aggregate import iqm, seed_means
 from rl_graphstep.checkpoint import list_checkpoints
 from rl_graphstep.config import config_to_dict
-from rl_graphstep.errors import ConfigError
+from rl_graphstep.errors import ConfigError, RunFolderError
+from rl_graphstep.rundir import RunLock
 from rl_graphstep.sweepfile import SweepSpec, read_sweep_file, trial_config
 
 __all__ = ["main", "search_space", "trial_metrics"]
@@ -146,21 +147,29 @@ def _search(name: str, spec: SweepSpec) -> Any:
 def run_sweep(spec: SweepSpec, args: argparse.Namespace, stopped_by: list[int]) -> Any:
     """Run (or continue) the sweep on Ray Tune; return Tune's result grid. A SIGTERM stops it
     as a Ctrl-C does (Tune saves its state and stops the trials), noted in ``stopped_by``."""
+    sweep_dir = (Path(args.log_dir) / spec.name).resolve()
+    tune_dir = sweep_dir / ".tune"
+    search = _search(args.search, spec)
+    with RunLock(sweep_dir, advice="wait for it to end or give this one another name",
+                 owner="sweep"):
+        if args.resume and not (tune_dir / spec.name).is_dir():
+            raise ConfigError(f"{sweep_dir} holds no sweep to resume; run it without --resume")
+        if not args.resume and tune_dir.exists():
+            raise ConfigError(f"{sweep_dir} already holds a sweep; continue it with --resume "
+                              "or give the sweep another name")
+        return _tune(spec, args, stopped_by, sweep_dir, search)
+
+
+def _tune(spec: SweepSpec, args: argparse.Namespace, stopped_by: list[int], sweep_dir: Path,
+          search: Any) -> Any:
+    """Start (or join) Ray and run the sweep's trials."""
     # The runs write their own tensorboard logs: Tune keeps only its JSON and CSV results.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     import ray
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
-    sweep_dir = (Path(args.log_dir) / spec.name).resolve()
     tune_dir = sweep_dir / ".tune"
-    search = _search(args.search, spec)
-    if args.resume and not (tune_dir / spec.name).is_dir():
-        raise ConfigError(f"{sweep_dir} holds no sweep to resume; run it without --resume")
-    if not args.resume and tune_dir.exists():
-        raise ConfigError(f"{sweep_dir} already holds a sweep; continue it with --resume or "
-                          "give the sweep another name")
-    sweep_dir.mkdir(parents=True, exist_ok=True)
     ray.init(address=args.address, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
 
@@ -253,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         spec = read_sweep_file(args.sweep_file)
         results = run_sweep(spec, args, stopped_by)
-    except ConfigError as err:
+    except (ConfigError, RunFolderError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except ImportError as err:

@@ -280,3 +280,16 @@ def test_optuna_refuses_a_grid(tmp_path: Path, capsys: pytest.CaptureFixture[str
         f"error: --search optuna samples every setting; the grid of q_lr, policy_lr in "
         f"{tmp_path / 'grid.yaml'} would be one choice each (write it as {{choice: [...]}})\n")
     assert not (tmp_path / "runs").exists()  # refused before anything was made
+
+
+def test_a_sweep_into_a_folder_another_sweep_holds_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rl_graphstep.rundir import RunLock
+
+    (tmp_path / "grid.yaml").write_text(SWEEP)
+    sweep = tmp_path / "runs" / "grid"
+    with RunLock(sweep, owner="sweep"):  # another sweep's driver, running
+        assert main([str(tmp_path / "grid.yaml"), "--log-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {sweep} is in use by another sweep (pid {os.getpid()}); ")
+    assert err.endswith("wait for it to end or give this one another name\n")
