@@ -293,3 +293,20 @@ def test_a_sweep_into_a_folder_another_sweep_holds_is_one_line(
     err = capsys.readouterr().err
     assert err.startswith(f"error: {sweep} is in use by another sweep (pid {os.getpid()}); ")
     assert err.endswith("wait for it to end or give this one another name\n")
+
+
+def test_asha_runs_the_grid_and_may_stop_trials_early(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which trials ASHA stops depends on the order they report in; what holds: every trial
+    ends without an error, at a logged step, and a stopped one counts as ended."""
+    pytest.importorskip("ray.tune")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "asha.yaml").write_text(
+        SWEEP.replace("name: grid", "name: asha").replace("total_timesteps: 400",
+                                                          "total_timesteps: 800")
+        .replace("num_seeds: 2", "num_seeds: 1"))
+    assert main(["asha.yaml", "--log-dir", "runs", "--scheduler", "asha"]) == 0
+    with (tmp_path / "runs" / "asha" / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 and all(r["error"] == "" for r in rows)
+    assert all(int(r["global_step"]) in range(100, 801, 100) for r in rows)
