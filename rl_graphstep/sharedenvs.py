@@ -8,11 +8,11 @@ observations) go straight into shared arrays, which the main process polls in tu
 
 A worker polls without sleeping for a while after each step (``SPIN_SECONDS``), then backs
 off to short sleeps, so an idle run does not hold its CPUs. The polling takes no lock (a lock
-taken on every poll costs a process wake-up whenever the two sides meet on it, which measured
-as slow as the pipes): each side writes its data first and its counter last, and reads the
-counter first and the data after. x86-64 keeps stores in order and loads in order, which makes
-that safe; other CPUs may reorder them, so this env is refused there. Autoreset is SAME_STEP,
-as in ``rl_graphstep.envs``.
+taken on every poll costs a process wake-up whenever the two sides meet on it: 140 µs per
+Pendulum step against 45 without, on 2 CPUs): each side writes its data first and its counter
+last, and reads the counter first and the data after. x86-64 keeps stores in order and loads
+in order, which makes that safe; other CPUs may reorder them, so this env is refused there.
+Autoreset is SAME_STEP, as in ``rl_graphstep.envs``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class _Shared:
 
     def __init__(self, num_envs: int, observation_space: gym.spaces.Box,
                  action_space: gym.spaces.Box, workers: int, raw: dict[str, Any] | None = None,
-                 ) -> None:
+                 context: Any = mp) -> None:
         obs_shape, obs_dtype = observation_space.shape, observation_space.dtype
         act_shape, act_dtype = action_space.shape, action_space.dtype
         layout = {
@@ -59,7 +59,8 @@ class _Shared:
             "done": ((workers,), np.int64),  # the sequence number done; its negative on error
         }
         if raw is None:
-            raw = {name: mp.RawArray("b", max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize))
+            raw = {name: context.RawArray("b", max(1, int(np.prod(shape))
+                                                   * np.dtype(dtype).itemsize))
                    for name, (shape, dtype) in layout.items()}
         self.raw = raw
         for name, (shape, dtype) in layout.items():
@@ -160,7 +161,7 @@ class SharedMemoryVectorEnv(VectorEnv):
         self._slices = [range(int(s[0]), int(s[-1]) + 1) for s in slices]
         ctx = mp.get_context(context)
         spaces = (self.single_observation_space, self.single_action_space)
-        self._shared = _Shared(num_envs, *spaces, len(self._slices))
+        self._shared = _Shared(num_envs, *spaces, len(self._slices), context=ctx)
         pipes = [ctx.Pipe() for _ in self._slices]
         self._pipes = [mine for mine, _ in pipes]
         self._processes = [
