@@ -28,7 +28,7 @@ import yaml
 from rl_graphstep.aggregate import iqm, seed_means
 from rl_graphstep.checkpoint import list_checkpoints
 from rl_graphstep.config import config_to_dict
-from rl_graphstep.errors import ConfigError, RunFolderError
+from rl_graphstep.errors import ConfigError, RunFolderError, first_line
 from rl_graphstep.rundir import RunLock
 from rl_graphstep.sweepfile import SweepSpec, read_sweep_file, trial_config
 
@@ -105,9 +105,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-dir", default="runs", help="where the sweep's folder goes")
     parser.add_argument("--address", help="a running Ray cluster (auto, host:port, "
                                           "ray://...); without it a local Ray starts")
-    parser.add_argument("--cpus-per-trial", type=float, default=1.0)
+    parser.add_argument("--cpus-per-trial", type=float, default=1.0,
+                        help="CPUs Ray reserves for each trial")
     parser.add_argument("--gpus-per-trial", type=float, default=0.0,
-                        help="fractions pack several trials on one GPU")
+                        help="GPUs Ray reserves for each trial: fractions pack several trials "
+                             "on one GPU")
     parser.add_argument("--scheduler", choices=["fifo", "asha"], default="fifo",
                         help="asha stops trials that trail the others early")
     parser.add_argument("--search", choices=["variants", "optuna"], default="variants",
@@ -224,7 +226,7 @@ def write_results(spec: SweepSpec, results: Any, sweep_dir: Path) -> list[dict[s
                      "mean_return": metrics.get("mean_return", float("nan")),
                      "global_step": metrics.get("global_step", 0),
                      "node": str(metrics.get("node_id", ""))[:12],
-                     "error": "" if result.error is None else str(result.error).splitlines()[0]})
+                     "error": "" if result.error is None else _error_line(result.error)})
     sign = -1.0 if spec.mode == "max" else 1.0
     rows.sort(key=lambda r: (r[SCORE] != r[SCORE], sign * (r[SCORE] if r[SCORE] == r[SCORE]
                                                            else 0.0)))
@@ -248,6 +250,13 @@ def write_results(spec: SweepSpec, results: Any, sweep_dir: Path) -> list[dict[s
             f"{best[SCORE]:.1f}); train it with: python -m rl_graphstep.train --config "
             f"{sweep_dir / 'best_config.yaml'}\n" + yaml.safe_dump(values, sort_keys=False))
     return rows
+
+
+def _error_line(error: BaseException) -> str:
+    """A failed trial's error as one line: the trial's own exception, not Ray's wrapping."""
+    while getattr(error, "cause", None) is not None:  # RayTaskError and TuneError wrap it
+        error = error.cause
+    return f"{type(error).__name__}: {first_line(error)}"
 
 
 def _cell(value: Any) -> str:

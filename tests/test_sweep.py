@@ -310,3 +310,25 @@ def test_asha_runs_the_grid_and_may_stop_trials_early(tmp_path: Path,
         rows = list(csv.DictReader(f))
     assert len(rows) == 4 and all(r["error"] == "" for r in rows)
     assert all(int(r["global_step"]) in range(100, 801, 100) for r in rows)
+
+
+def test_a_trial_that_always_fails_is_recorded_with_its_own_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ray.tune")
+    (tmp_path / "failonce.py").write_text(FAIL_ONCE.replace("os.remove(MARKER)", "pass"))
+    marker = tmp_path / "fail-always"
+    marker.touch()
+    monkeypatch.setenv("FAIL_ONCE_MARKER", str(marker))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "always.yaml").write_text(
+        SWEEP.replace("name: grid", "name: always")
+        .replace("env_id: Pendulum-v1", "env_id: failonce:FailOncePendulum-v0")
+        .replace("  policy_lr: [0.001, 0.0003]\n", "").replace("q_lr: [0.001, 0.0003]",
+                                                                "q_lr: [0.001]"))
+    assert main(["always.yaml", "--log-dir", "runs", "--max-failures", "0"]) == 1
+    with (tmp_path / "runs" / "always" / "results.csv").open() as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["error"].startswith("EnvError: the environment's step raised RuntimeError: "
+                                   "the simulator crashed")
+
