@@ -73,4 +73,3 @@ def test_a_failed_capture_leaves_earlier_graphs_on_the_seeded_generator() -> Non
     graph.replay()
     assert not torch.equal(eager, seeded) and not torch.equal(out, seeded)
     assert not torch.equal(out, eager)
-

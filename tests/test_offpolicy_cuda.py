@@ -162,7 +162,6 @@ def test_fused_update_graphs_match_the_separate_graphs_bit_for_bit(compile: bool
         assert interval[True] == interval[False]
         assert_same_learning_state(learners[True], learners[False])
         return
-    assert [m.keys() for m in per_update[True]] == [m.keys() for m in per_update[False]]
     close = {"rtol": 1e-5, "atol": 1e-6}
     torch.testing.assert_close(per_update[True], per_update[False], **close)
     torch.testing.assert_close(interval[True], interval[False], **close)
