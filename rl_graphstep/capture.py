@@ -60,8 +60,10 @@ class RngStates:
         ended = torch.cuda.CUDAGraph()
         # A failure that broke the CUDA context breaks this capture too; the caller's error
         # says why, so this one is not raised over it.
-        with contextlib.suppress(RuntimeError), torch.cuda.graph(ended):
-            torch.zeros((), device=self.device)
+        with contextlib.suppress(RuntimeError):
+            with torch.cuda.graph(ended):
+                torch.zeros((), device=self.device)
+            _settle_capture_stream()
         del ended
         self.restore()
 
@@ -196,8 +198,21 @@ def capturing(graph: torch.cuda.CUDAGraph, pool: Any = None) -> Iterator[None]:
     try:
         with _no_garbage_collection(), torch.cuda.graph(graph, pool=pool):
             yield
+        _settle_capture_stream()
     finally:
         _clear_cublas_workspaces()
+
+
+def _settle_capture_stream() -> None:
+    """Wait for what a capture left queued on its stream. Before capturing, torch writes the
+    generator's seed and a zero offset into the device tensors that every graph on that
+    generator reads (on the capture stream, and does not wait for it afterwards); a replay on
+    another stream soon after, which writes the current seed and offset there before its
+    kernels read them, could have them overwritten in between and draw the capture's numbers.
+    Captures happen once per run; the wait costs nothing that matters. (A likely cause of a
+    failure in two of about eight runs of the GPU suite with 8 processes on one GPU: the first
+    update of a freshly seeded graph drew another seed's sample.)"""
+    torch.cuda.synchronize()
 
 
 def describe_error(error: BaseException) -> str:

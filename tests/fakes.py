@@ -148,3 +148,21 @@ def register_poisoned(name: str, part: str, value: float, every: int) -> str:
     env_id = f"{name}-v0"
     gym.register(env_id, entry_point=make, max_episode_steps=200)
     return env_id
+
+
+def flat_state(learner: OffPolicyLearner) -> dict[str, torch.Tensor]:
+    """Every tensor of the learning state by name: parameters (K, ...) and optimizer state."""
+    flat: dict[str, torch.Tensor] = {}
+
+    def walk(prefix: str, value: object) -> None:
+        if isinstance(value, torch.Tensor):
+            flat[prefix] = value
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{prefix}.{key}", item)
+        elif isinstance(value, list | tuple):
+            for index, item in enumerate(value):
+                walk(f"{prefix}.{index}", item)
+
+    walk("", learner.state_dict())
+    return flat

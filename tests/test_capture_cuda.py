@@ -1,6 +1,6 @@
 """GPU tests of capture_graph: a captured function replays on its tensors' current values,
-capturing consumes no random numbers, and a failed capture names its cause and leaves CUDA
-usable."""
+capturing consumes no random numbers, a capture returns with nothing of its own still queued,
+and a failed capture names its cause and leaves CUDA usable."""
 
 from __future__ import annotations
 
@@ -73,3 +73,23 @@ def test_a_failed_capture_leaves_earlier_graphs_on_the_seeded_generator() -> Non
     graph.replay()
     assert not torch.equal(eager, seeded) and not torch.equal(out, seeded)
     assert not torch.equal(out, eager)
+
+
+def test_a_capture_returns_with_nothing_left_queued_on_its_stream(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch writes the generator's seed and offset on the capture stream just before
+    capturing: here behind a kernel of tens of milliseconds, which the capture must have
+    waited for, so no later replay on another stream can have them overwritten."""
+    streams: list[torch.cuda.Stream] = []
+    begin = torch.cuda.CUDAGraph.capture_begin
+
+    def slow_begin(self: torch.cuda.CUDAGraph, *args: object, **kwargs: object) -> None:
+        streams.append(torch.cuda.current_stream(DEVICE))
+        torch.cuda._sleep(50_000_000)  # GPU cycles, queued before torch's seed writes
+        begin(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "capture_begin", slow_begin)
+    noise = torch.zeros(4, device=DEVICE)
+    capture_graph(lambda: noise.normal_(), DEVICE, what="the noise")
+    assert len(streams) == 1 and streams[0] != torch.cuda.current_stream(DEVICE)
+    assert streams[0].query()

@@ -9,7 +9,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from fakes import CPU, cpu_plan
+from fakes import CPU, cpu_plan, flat_state
 
 from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.buffer import ReplayBuffer
@@ -48,24 +48,6 @@ def replay_rows(n: int = 40) -> dict[str, np.ndarray]:
     return {"obs": rng.uniform(-1, 1, (k, 3)), "act": rng.uniform(-1, 1, (k, 1)),
             "rew": rng.normal(size=k), "next": rng.uniform(-1, 1, (k, 3)),
             "term": rng.random(k) < 0.1}
-
-
-def flat_state(learner: OffPolicyLearner) -> dict[str, torch.Tensor]:
-    """Every tensor of the learning state by name: parameters (K, ...) and optimizer state."""
-    flat: dict[str, torch.Tensor] = {}
-
-    def walk(prefix: str, value: object) -> None:
-        if isinstance(value, torch.Tensor):
-            flat[prefix] = value
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                walk(f"{prefix}.{key}", item)
-        elif isinstance(value, list | tuple):
-            for index, item in enumerate(value):
-                walk(f"{prefix}.{index}", item)
-
-    walk("", learner.state_dict())
-    return flat
 
 
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
