@@ -135,7 +135,8 @@ def test_each_capture_gets_a_cublas_workspace_of_its_own(
         fails: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """torch's per-stream cuBLAS workspace cache is cleared before the capture (the capture
     then allocates its own, in its graph's pool) and after it, failed or not (later work
-    does not reuse the graph's), with no garbage collection in between."""
+    does not reuse the graph's), with no garbage collection in between; a capture that
+    worked waits for its stream before it returns."""
     log = []
 
     class Graph:
@@ -151,10 +152,13 @@ def test_each_capture_gets_a_cublas_workspace_of_its_own(
     monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces",
                         lambda: log.append("clear"), raising=False)
     monkeypatch.setattr(torch.cuda, "graph", Graph)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: log.append("wait"))
     expected = pytest.raises(RuntimeError) if fails else contextlib.nullcontext()
     with expected, capture.capturing("g", "pool"):
         log.append("work")
         if fails:
             raise RuntimeError("cannot capture")
-    assert log == ["clear", ("graph", "g", "pool"), ("capture", False), "work", "end", "clear"]
+    waited = [] if fails else ["wait"]
+    assert log == ["clear", ("graph", "g", "pool"), ("capture", False), "work", "end", *waited,
+                   "clear"]
     assert gc.isenabled()
