@@ -5,6 +5,7 @@ can be installed before the heavy imports."""
 from __future__ import annotations
 
 import argparse
+import atexit
 import difflib
 import os
 import re
@@ -88,11 +89,21 @@ def _interrupted_during_startup(_signum: int, _frame: FrameType | None) -> None:
     os._exit(128 + signal.SIGINT)
 
 
+def _ignore_ctrl_c() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def startup_guard() -> None:
     """Turn a Ctrl-C into one line and exit 130 until :func:`end_startup_guard`. Only for
     the ``__main__`` path of an entry module, before its heavy imports: a library user's
-    handler is never replaced."""
+    handler is never replaced.
+
+    Also ignores Ctrl-C once the last exit handler has run (registered first, it runs last):
+    after that the interpreter gives SIGINT back its default action, and in the half second
+    of torch's teardown that follows a Ctrl-C would kill the process by signal, losing the
+    exit code that :func:`exit_quietly` was handed."""
     signal.signal(signal.SIGINT, _interrupted_during_startup)
+    atexit.register(_ignore_ctrl_c)
 
 
 def end_startup_guard() -> None:
@@ -104,9 +115,10 @@ def end_startup_guard() -> None:
 
 def exit_quietly(code: int) -> NoReturn:
     """``sys.exit(code)`` for an entry's ``__main__`` path, where a Ctrl-C during the
-    interpreter's shutdown (atexit handlers, torch's library teardown, thread joins) ends
-    the process at once with ``code`` instead of printing a KeyboardInterrupt traceback:
-    ``main`` has already said in one line how the run ended."""
+    interpreter's shutdown (thread joins, atexit handlers) ends the process at once with
+    ``code`` instead of printing a KeyboardInterrupt traceback, and one during torch's
+    teardown after them is ignored (see :func:`startup_guard`): ``main`` has already said in
+    one line how the run ended."""
     signal.signal(signal.SIGINT, lambda _signum, _frame: os._exit(code))
     sys.exit(code)
 

@@ -299,6 +299,20 @@ def test_ctrl_c_during_start_up_is_one_line(module: str, tmp_path: Path) -> None
             assert err.strip() == "stopped: interrupted during start-up", (delay, err)
 
 
+def test_a_ctrl_c_during_the_interpreters_teardown_keeps_the_exit_code(tmp_path: Path) -> None:
+    """evaluate has reported the empty folder (exit 2) and the interpreter is tearing torch
+    down, about half a second: a Ctrl-C then changes nothing (it used to kill the process
+    by SIGINT, from about 7 ms after the report on)."""
+    for delay in (0.005, 0.02, 0.05, 0.1, 0.2):
+        process = start("rl_graphstep.evaluate", str(tmp_path))
+        assert process.stderr is not None
+        assert process.stderr.readline().startswith("error: "), delay
+        time.sleep(delay)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=60)
+        assert (process.returncode, err) == (2, ""), delay
+
+
 def test_ctrl_c_held_down_saves_once_and_exits_130(tmp_path: Path) -> None:
     """Ctrl-C after Ctrl-C (every 3 ms, from one step until the process is gone): those
     while the first one's checkpoint is saved, the logs flushed and the interpreter shuts
