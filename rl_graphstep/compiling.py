@@ -60,13 +60,24 @@ def _own_code(method: Callable[..., Any]) -> Callable[..., Any]:
     return types.MethodType(fresh, method.__self__)
 
 
+def compile_static(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``torch.compile(function, dynamic=False)``: every shape specialised, never symbolic.
+
+    A step's shapes never change (a CUDA graph replays fixed shapes), but by default the
+    compiler turns a dimension symbolic once it sees it change: between the critic's and
+    the actor's optimizer in the code they share (``Adam.step``), or, through its profile
+    kept on disk between processes, because an earlier run in another process had other
+    shapes at the same line. The kernels of a step then depended on what ran before it."""
+    return torch.compile(function, dynamic=False)
+
+
 def compile_now(method: Callable[..., Any], *args: Any, what: str
                 ) -> Callable[..., Any] | None:
     """``torch.compile(method)`` (a bound method, on a code object of its own), compiled now
     by one call on ``args`` (make it a call without effect), so that a capture later records
     the compiled kernels instead of compiling inside the capture. None, with a one-line
     warning, where the compiler fails."""
-    compiled = torch.compile(_own_code(method))
+    compiled = compile_static(_own_code(method))
     try:
         compiled(*args)
     except Exception as error:  # the compiler's own failures have no common base class
@@ -90,7 +101,7 @@ class CompiledParts:
         self.uncompiled: list[str] = []
         # Each part: [what runs now, its uncompiled form, compiled calls so far].
         self._parts: dict[str, list[Any]] = {
-            name: [torch.compile(_own_code(part)) if compile else part, part, 0]
+            name: [compile_static(_own_code(part)) if compile else part, part, 0]
             for name, part in parts.items()
         }
 

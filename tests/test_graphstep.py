@@ -371,6 +371,36 @@ def test_every_step_built_in_one_process_compiles(monkeypatch: pytest.MonkeyPatc
     assert graphs_per_step == [graphs_per_step[0]] * 10
 
 
+def test_compiled_steps_keep_every_shape_static(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two steps whose optimizers run Adam's code with other shapes, in one process: neither
+    is compiled with a symbolic shape. By default the second would be (the compiler sees the
+    shapes at Adam.step change), and its kernels then depended on what compiled before it."""
+    real = torch.compile
+    seen: list[object] = []
+
+    def recording(graph: torch.fx.GraphModule, example_inputs: list[object]) -> object:
+        # What the compiler traced each input as: a tensor's shape, or a size of its own.
+        seen.extend(node.meta.get("example_value") for node in graph.graph.nodes
+                    if node.op == "placeholder")
+        return graph.forward
+
+    monkeypatch.setattr(torch, "compile",
+                        lambda function, **kwargs: real(function, backend=recording, **kwargs))
+    torch._dynamo.reset()
+    for size_in, size_out in ((3, 1), (5, 2)):
+        module = torch.nn.Linear(size_in, size_out)
+        optimizer = torch.optim.Adam(module.parameters(), lr=0.1)
+        inputs, targets = torch.randn(8, size_in), torch.randn(8, size_out)
+        step = EagerAdaptationStep.capture(module, optimizer, inputs, targets,
+                                           torch.nn.functional.mse_loss, compile=True)
+        for _ in range(3):  # the first call runs uncompiled
+            step(inputs, targets)
+    tensors = [x for x in seen if isinstance(x, torch.Tensor)]
+    assert tensors
+    assert not [x for x in seen if isinstance(x, torch.SymInt)]
+    assert not [x for x in tensors if any(isinstance(d, torch.SymInt) for d in x.shape)]
+
+
 def test_the_package_exports_the_public_contract() -> None:
     for name in rl_graphstep.__all__:
         home = importlib.import_module(rl_graphstep._HOMES[name])
