@@ -56,12 +56,27 @@ def _seed_view(values: Tensor, like: Tensor) -> Tensor:
 
 
 def seed_grad_norms(grads: list[Tensor], seeds: int) -> Tensor:
-    """The (K,) 2-norms of K seeds' gradients, each over its own slices of every tensor alone.
+    """The (K,) 2-norms of K seeds' gradients, each over its own slices of every tensor alone:
+    seed k's norm reads only seed k's elements, so another seed's values (NaN included)
+    cannot change it by a bit.
 
-    One foreach norm over the K x P slices, then each seed's column of the (P, K) table:
-    the reduction of seed k reads only seed k's entries, so another seed's values (NaN
-    included) cannot change it by a bit.
-    """
+    Compiled, one row reduction per tensor over its (K, -1) view (:func:`_row_norms`); else
+    one foreach norm over the K x P slices (:func:`_slice_norms`), a single multi-tensor
+    kernel, where the compiler would make each slice a reduction kernel of its own."""
+    if torch.compiler.is_compiling():
+        return _row_norms(grads, seeds)
+    return _slice_norms(grads, seeds)
+
+
+def _row_norms(grads: list[Tensor], seeds: int) -> Tensor:
+    """Per tensor the K row norms of its (K, -1) view, then each seed's norm over its row of
+    the (P, K) table."""
+    table = torch.stack([torch.linalg.vector_norm(g.reshape(seeds, -1), dim=1) for g in grads])
+    return torch.linalg.vector_norm(table, dim=0)
+
+
+def _slice_norms(grads: list[Tensor], seeds: int) -> Tensor:
+    """One foreach norm over the K x P slices, then each seed's column of the (P, K) table."""
     slices = [piece for grad in grads for piece in grad.unbind(0)]
     table = torch.stack(torch._foreach_norm(slices)).view(len(grads), seeds)
     return torch.linalg.vector_norm(table, dim=0)

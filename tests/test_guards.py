@@ -10,7 +10,13 @@ import torch
 from torch import nn
 
 from rl_graphstep.graphstep import EagerAdaptationStep
-from rl_graphstep.guards import NonFiniteGuard, clip_grad_norm, seed_grad_norms
+from rl_graphstep.guards import (
+    NonFiniteGuard,
+    _row_norms,
+    _slice_norms,
+    clip_grad_norm,
+    seed_grad_norms,
+)
 from rl_graphstep.update_body import UpdateBody
 
 
@@ -289,6 +295,26 @@ def test_a_nan_loss_shows_in_its_seeds_gradient_norm_when_it_depends_on_the_para
     norms = seed_grad_norms([p.grad for p in module.parameters()], SEEDS)
     assert torch.isnan(losses[1]) and torch.isnan(norms[1])
     assert torch.isfinite(losses[[0, 2]]).all() and torch.isfinite(norms[[0, 2]]).all()
+
+
+@pytest.mark.parametrize("norms", [_row_norms, _slice_norms])
+def test_both_forms_of_the_per_seed_norms_keep_the_seeds_apart(norms: Callable) -> None:
+    """The compiled form (row reductions) and the eager one (a foreach norm over slices):
+    each the seeds' own norms, and a seed's NaN or huge gradients change no other seed's
+    norm by a bit."""
+    torch.manual_seed(0)
+    grads = [torch.randn(SEEDS, 4, 5), torch.randn(SEEDS, 1, 5), torch.randn(SEEDS, 7)]
+    expected = torch.stack([torch.cat([g[k].reshape(-1) for g in grads]).norm()
+                            for k in range(SEEDS)])
+    clean = norms(grads, SEEDS)
+    torch.testing.assert_close(clean, expected, rtol=1e-6, atol=0)
+    for bad in (float("nan"), 1e30):
+        changed = [g.clone() for g in grads]
+        changed[0][1, 2, 3] = bad
+        changed[2][1] *= 1e3
+        result = norms(changed, SEEDS)
+        assert torch.equal(result[[0, 2]], clean[[0, 2]])
+        assert not torch.equal(result[1], clean[1])
 
 
 def nan_seed_1_loss(kind: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
