@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import nn
 
+import rl_graphstep.guards as guards
 from rl_graphstep.graphstep import EagerAdaptationStep
 from rl_graphstep.guards import (
     NonFiniteGuard,
@@ -116,6 +117,7 @@ def test_a_non_finite_update_leaves_parameters_and_state_as_they_were() -> None:
 # K seeds stacked on a leading dimension
 # --------------------------------------------------------------------------------------------
 
+real_row_norms = guards._row_norms
 SEEDS = 3
 
 
@@ -207,12 +209,14 @@ def test_a_seed_clip_refuses_bad_seeds(seeds: int, message: str) -> None:
         clip_grad_norm(StackedMLP().parameters(), 1.0, seeds=seeds)
 
 
-def seed_update_body(module: nn.Module, max_norm: float = 1.0) -> UpdateBody:
+def seed_update_body(module: nn.Module, max_norm: float = 1.0, *, compile: bool = False
+                     ) -> UpdateBody:
     """A per-seed clipped and guarded Adam update over the stacked seeds."""
     optimizer = torch.optim.Adam(module.parameters(), lr=0.01)
     return UpdateBody(module, optimizer, seed_mse,
                       clip_grad_norm(module.parameters(), max_norm, seeds=SEEDS),
-                      NonFiniteGuard(optimizer, torch.device("cpu"), seeds=SEEDS), seeds=SEEDS)
+                      NonFiniteGuard(optimizer, torch.device("cpu"), seeds=SEEDS), seeds=SEEDS,
+                      compile=compile)
 
 
 def seed_slices(body: UpdateBody, k: int) -> list[torch.Tensor]:
@@ -222,10 +226,11 @@ def seed_slices(body: UpdateBody, k: int) -> list[torch.Tensor]:
             for t in (p, state[p]["exp_avg"], state[p]["exp_avg_sq"])]
 
 
-def run_seed_updates(poison: dict[int, float]) -> tuple[UpdateBody, list[list[torch.Tensor]]]:
+def run_seed_updates(poison: dict[int, float], *, compile: bool = False
+                     ) -> tuple[UpdateBody, list[list[torch.Tensor]]]:
     """Four updates; on the third, each seed in ``poison`` gets that value in one target.
     Returns the body and every seed's slices after each update."""
-    body = seed_update_body(StackedMLP())
+    body = seed_update_body(StackedMLP(), compile=compile)
     history = []
     for update in range(4):
         inputs, targets = seed_batch(seed=10 + update)
@@ -237,9 +242,21 @@ def run_seed_updates(poison: dict[int, float]) -> tuple[UpdateBody, list[list[to
     return body, history
 
 
-def test_the_guard_skips_exactly_the_bad_seeds_update() -> None:
-    clean_body, clean = run_seed_updates({})
-    body, guarded = run_seed_updates({1: float("nan")})
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "traced"])
+def test_the_guard_skips_exactly_the_bad_seeds_update(compiled: bool,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eagerly, and traced by the compiler as a GPU run compiles it (its eager backend makes
+    no code, fast on a CPU): there the per-seed norms take their row form, and the backup and
+    restore run at every update, as they do on a GPU."""
+    real, rows = torch.compile, []
+    monkeypatch.setattr(torch, "compile",
+                        lambda function, **kwargs: real(function, **{**kwargs, "backend": "eager"}))
+    monkeypatch.setattr(guards, "_row_norms",
+                        lambda grads, seeds: rows.append(seeds) or real_row_norms(grads, seeds))
+    torch._dynamo.reset()
+    clean_body, clean = run_seed_updates({}, compile=compiled)
+    body, guarded = run_seed_updates({1: float("nan")}, compile=compiled)
+    assert bool(rows) == compiled and not body.uncompiled_parts
     assert body.guard is not None
     assert body.guard.skipped.tolist() == [0, 1, 0]
     for update in range(4):
