@@ -184,7 +184,8 @@ def _clear_cublas_workspaces() -> None:
 
 @contextlib.contextmanager
 def capturing(graph: torch.cuda.CUDAGraph, pool: Any = None) -> Iterator[None]:
-    """Capture into ``graph``, with a cuBLAS workspace of its own and no garbage collection.
+    """Capture into ``graph``, with a cuBLAS workspace of its own and no garbage collection;
+    the caller's stream is current again afterwards, whether the capture worked or failed.
 
     torch caches one cuBLAS workspace per stream, and every capture runs on the same stream:
     left alone, each graph would bake in the address of one shared workspace. Two graphs
@@ -195,11 +196,16 @@ def capturing(graph: torch.cuda.CUDAGraph, pool: Any = None) -> Iterator[None]:
     as long as the graph; clearing it after keeps later work out of that memory.
     """
     _clear_cublas_workspaces()
+    caller = torch.cuda.current_stream()
     try:
         with _no_garbage_collection(), torch.cuda.graph(graph, pool=pool):
             yield
         _settle_capture_stream()
     finally:
+        # torch.cuda.graph leaves its capture stream current when the capture fails (its exit
+        # ends the capture before it restores the stream): a run that falls back to eager
+        # would go on there, and later captures would start from that stream.
+        torch.cuda.set_stream(caller)
         _clear_cublas_workspaces()
 
 

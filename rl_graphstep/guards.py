@@ -284,7 +284,7 @@ class NonFiniteGuard:
         if _nothing_to_undo(keep):
             return
         if self.seeds > 1:
-            self._seed_layout().restore(keep)
+            self._restore_seeds(keep)
             return
         tensors, backups = self._guarded()
         torch._foreach_mul_(tensors, keep)
@@ -325,8 +325,20 @@ class NonFiniteGuard:
         self.consecutive.mul_(~finite).add_(~finite)
         keep = finite.float()
         if not _nothing_to_undo(keep):
-            self._seed_layout().back_up()
+            self._back_up_seeds()
         return keep
+
+    # The seed layout's backup and restore run outside the compiler. Compiled (Inductor, on a
+    # GPU, inside a CUDA graph) they corrupted what they touch: the shared step counts read
+    # values of other tensors, and one seed's data changed the others' parameters. Eagerly
+    # they are a few multi-tensor kernels, captured with the rest of the step.
+    @torch.compiler.disable
+    def _back_up_seeds(self) -> None:
+        self._seed_layout().back_up()
+
+    @torch.compiler.disable
+    def _restore_seeds(self, keep: Tensor) -> None:
+        self._seed_layout().restore(keep)
 
     def reset(self) -> None:
         """Zero both counts (a capture's warm-up skips are not the run's)."""

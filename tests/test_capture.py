@@ -136,8 +136,10 @@ def test_each_capture_gets_a_cublas_workspace_of_its_own(
     """torch's per-stream cuBLAS workspace cache is cleared before the capture (the capture
     then allocates its own, in its graph's pool) and after it, failed or not (later work
     does not reuse the graph's), with no garbage collection in between; a capture that
-    worked waits for its stream before it returns."""
+    worked waits for its stream before it returns. The caller's stream is current again
+    after both: torch's graph leaves its capture stream current when the capture fails."""
     log = []
+    current = ["caller's stream"]
 
     class Graph:
         def __init__(self, graph: object, pool: object = None) -> None:
@@ -145,14 +147,19 @@ def test_each_capture_gets_a_cublas_workspace_of_its_own(
 
         def __enter__(self) -> None:
             log.append(("capture", gc.isenabled()))
+            current[0] = "capture stream"
 
         def __exit__(self, *exc: object) -> None:
             log.append("end")
+            if exc[0] is None:
+                current[0] = "caller's stream"
 
     monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces",
                         lambda: log.append("clear"), raising=False)
     monkeypatch.setattr(torch.cuda, "graph", Graph)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: log.append("wait"))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "set_stream", lambda stream: current.__setitem__(0, stream))
     expected = pytest.raises(RuntimeError) if fails else contextlib.nullcontext()
     with expected, capture.capturing("g", "pool"):
         log.append("work")
@@ -161,4 +168,5 @@ def test_each_capture_gets_a_cublas_workspace_of_its_own(
     waited = [] if fails else ["wait"]
     assert log == ["clear", ("graph", "g", "pool"), ("capture", False), "work", "end", *waited,
                    "clear"]
+    assert current == ["caller's stream"]
     assert gc.isenabled()

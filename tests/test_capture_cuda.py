@@ -40,6 +40,7 @@ def test_a_captured_function_replays_on_current_values_and_draws_fresh_noise() -
 
 def test_a_failed_capture_names_the_cause_and_leaves_random_draws_working() -> None:
     x = torch.ones(3, device=DEVICE)
+    caller = torch.cuda.current_stream(DEVICE)
 
     def host_sync() -> torch.Tensor:
         return x * 2 if x.sum().item() > 0 else x
@@ -48,6 +49,7 @@ def test_a_failed_capture_names_the_cause_and_leaves_random_draws_working() -> N
                r".*remove \.item\(\)")
     with pytest.raises(CaptureError, match=message):
         capture_graph(host_sync, DEVICE, what="the test's function")
+    assert torch.cuda.current_stream(DEVICE) == caller  # not the capture's side stream
     assert torch.randn(3, device=DEVICE).isfinite().all()
 
 

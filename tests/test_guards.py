@@ -247,16 +247,26 @@ def test_the_guard_skips_exactly_the_bad_seeds_update(compiled: bool,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Eagerly, and traced by the compiler as a GPU run compiles it (its eager backend makes
     no code, fast on a CPU): there the per-seed norms take their row form, and the backup and
-    restore run at every update, as they do on a GPU."""
-    real, rows = torch.compile, []
+    restore run at every update, as they do on a GPU, but never compiled (compiled on a GPU
+    they corrupted what they restore)."""
+    real, rows, compiling = torch.compile, [], []
     monkeypatch.setattr(torch, "compile",
                         lambda function, **kwargs: real(function, **{**kwargs, "backend": "eager"}))
     monkeypatch.setattr(guards, "_row_norms",
                         lambda grads, seeds: rows.append(seeds) or real_row_norms(grads, seeds))
+    for name in ("back_up", "restore"):
+        method = getattr(guards._SeedLayout, name)
+
+        def recorded(self, *args, _method=method, _name=name):
+            compiling.append((_name, torch.compiler.is_compiling()))
+            return _method(self, *args)
+        monkeypatch.setattr(guards._SeedLayout, name, recorded)
     torch._dynamo.reset()
     clean_body, clean = run_seed_updates({}, compile=compiled)
     body, guarded = run_seed_updates({1: float("nan")}, compile=compiled)
     assert bool(rows) == compiled and not body.uncompiled_parts
+    if compiled:
+        assert set(compiling) == {("back_up", False), ("restore", False)}
     assert body.guard is not None
     assert body.guard.skipped.tolist() == [0, 1, 0]
     for update in range(4):
