@@ -56,25 +56,32 @@ def _configs_dir() -> Traversable:
 
 def read_config_file(path: Path | Traversable | str) -> dict[str, Any]:
     """Read, type-check and value-check one YAML config file (a partial mapping of fields)."""
+    return coerce_mapping(read_yaml_mapping(path), str(path))
+
+
+def read_yaml_mapping(path: Path | Traversable | str, kind: str = "config file"
+                      ) -> dict[str, Any]:
+    """One YAML file's top-level mapping, unchecked (empty for an empty file); a missing file,
+    bad YAML or another top level is one line naming the ``kind`` of file."""
     path = Path(path) if isinstance(path, str) else path
     name = str(path)
     if not path.is_file():
         what = "is not a file" if isinstance(path, Path) and path.exists() else "does not exist"
-        raise ConfigError(f"config file {name!r} {what}")
+        raise ConfigError(f"{kind} {name!r} {what}")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise ConfigError(f"config file {name!r} is not valid YAML{where}: {problem}") from None
+        raise ConfigError(f"{kind} {name!r} is not valid YAML{where}: {problem}") from None
     except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"config file {name!r} cannot be read: {err}") from None
+        raise ConfigError(f"{kind} {name!r} cannot be read: {err}") from None
     if data is None:  # an empty file (or only comments) changes nothing
         return {}
     if not isinstance(data, dict):
         raise ConfigError(
-            f"config file {name!r} must be a mapping of key: value lines, "
+            f"{kind} {name!r} must be a mapping of key: value lines, "
             f"got a YAML {type(data).__name__}"
         )
-    return coerce_mapping(data, name)
+    return data

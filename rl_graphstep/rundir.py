@@ -150,6 +150,7 @@ class RunLock:
             release when it was made here and nothing else was written into it, so a run
             refused for bad input leaves no empty folder behind.
         advice: what the refused process should do instead, the end of its one line.
+        owner: what holds the folder, as that line names it (a training, a sweep).
 
     Raises:
         RunFolderError: on entering, when another process owns the folder or the lock file
@@ -157,8 +158,10 @@ class RunLock:
     """
 
     def __init__(self, run_dir: Path | str, *,
-                 advice: str = "wait for it to end or pick another --run-name") -> None:
+                 advice: str = "wait for it to end or pick another --run-name",
+                 owner: str = "training") -> None:
         self.run_dir = Path(run_dir)
+        self.owner = owner
         self.path = self.run_dir / LOCK_FILE
         self.advice = advice
         self._fd: int | None = None
@@ -221,7 +224,7 @@ class RunLock:
         if pid.isdigit():  # empty for the moment between the owner's lock and its write
             owner = f" (pid {pid})" if host in ("", socket.gethostname()) else (
                 f" (pid {pid} on {host})")
-        return (f"{display_path(str(self.run_dir))} is in use by another training{owner}; "
+        return (f"{display_path(str(self.run_dir))} is in use by another {self.owner}{owner}; "
                 f"{self.advice}")
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

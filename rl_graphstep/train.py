@@ -19,7 +19,7 @@ import gc
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,15 +90,20 @@ class NonFiniteUpdates(RLGraphstepError):
     """Too many consecutive updates had non-finite losses or gradients."""
 
 
-def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
-          ) -> dict[str, Any]:
+Reporter = Callable[[int, list[list[float]]], None]
+"""``report(step, recent)``: each seed's recent episode returns at a log interval."""
+
+
+def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None,
+          report: Reporter | None = None) -> dict[str, Any]:
     """Train an agent as ``cfg`` says; return a summary of the run.
 
     ``actor`` and ``critic`` replace the default networks: a class (built as
     ``cls(observation_space, action_space, **cfg.actor_kwargs)``), a built module, or a
     ``package.module:Class`` / ``path/file.py:Class`` string. ``rl_graphstep.networks``
     documents the protocol they meet. With ``cfg.resume`` the run continues from the latest
-    checkpoint in that folder.
+    checkpoint in that folder. ``report(step, recent)``, where given, is called at each log
+    interval with every seed's recent episode returns (a sweep's progress, for one).
 
     The run records the spec of each custom network in its checkpoints' config, so that
     ``--resume`` and ``evaluate`` rebuild it (``rl_graphstep.netspec`` says how). A built
@@ -112,6 +117,7 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None
         with matmul_precision(cfg.tf32), loop_threads(device), \
                 contextlib.ExitStack() as owned:
             run = _set_up(cfg, device, actor, critic, owned)
+            run.report = report
             # stop_requests first, so it is left last: a second Ctrl-C while the first one's
             # checkpoint is saved, the envs closed or the logs flushed is noted, not raised.
             with stop_requests() as stops, run.logger, run.bar, \
@@ -138,6 +144,7 @@ class Run:
     clock: LoopClock
     first_line: str
     staged_actor: list[torch.Tensor] | None = None  # a resumed run's (see ActionPipe)
+    report: Reporter | None = None  # see train
 
 
 def _loop(run: Run, stops: list[int]) -> None:
@@ -306,6 +313,8 @@ def _log(run: Run) -> None:
         run.bar.report_group(step, progress.seed_returns)
     else:
         run.bar.report(step, progress.recent_returns)
+    if run.report is not None:
+        run.report(step, [list(returns) for returns in progress.seed_returns])
 
 
 def _episode_ended(run: Run, seed: int, episodic_return: float, length: int) -> None:

@@ -457,3 +457,14 @@ def test_a_seed_group_refuses_a_built_module(tmp_path: Path) -> None:
     cfg = load_config([*LOOP, "--algo", "td3", "--num-seeds", "2", "--log-dir", str(tmp_path)])
     with pytest.raises(ConfigError, match="a built actor module has one initialisation"):
         train(cfg, actor=actor)
+
+
+def test_a_reporter_hears_every_log_interval_with_each_seeds_returns(tmp_path: Path) -> None:
+    heard: list[tuple[int, list[list[float]]]] = []
+    cfg = load_config([*LOOP, "--num-seeds", "2", "--total-timesteps", "600", "--log-interval",
+                       "200", "--log-dir", str(tmp_path)])
+    summary = train(cfg, report=lambda step, recent: heard.append((step, recent)))
+    assert [step for step, _ in heard] == [200, 400, 600]
+    assert all(len(recent) == 2 for _, recent in heard)  # one list per seed
+    assert heard[-1][1] == summary["recent_returns"]  # Pendulum's episodes: 200 steps each
+    assert [len(returns) for returns in heard[-1][1]] == [3, 3]

@@ -1,0 +1,291 @@
+"""Hyperparameter sweeps and seed grids on Ray Tune: each trial is one ``train()`` call that
+trains the sweep's seeds as one group, and reports the group's returns at each log interval.
+
+    pip install -e ".[sweep]"
+    python -m rl_graphstep.sweep configs/sweeps/sac_pendulum.yaml      # a local Ray
+    python -m rl_graphstep.sweep my_sweep.yaml --address auto --gpus-per-trial 0.25
+
+Every trial trains in ``<log-dir>/<sweep>/<trial>/`` (its seeds inside, as a seed group lays
+them out) and checkpoints as a run does; a retried trial resumes from its last checkpoint.
+Tune's own state lies in ``<log-dir>/<sweep>/.tune/``. At the end the trials are printed
+best first and written to ``results.csv`` and ``results.md``, and the best trial's config to
+``best_config.yaml`` (``train --config`` takes it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rl_graphstep.aggregate import iqm, seed_means
+from rl_graphstep.checkpoint import list_checkpoints
+from rl_graphstep.config import config_to_dict
+from rl_graphstep.errors import ConfigError, RunFolderError, first_line
+from rl_graphstep.rundir import RunLock
+from rl_graphstep.sweepfile import SweepSpec, read_sweep_file, trial_config
+
+__all__ = ["main", "search_space", "trial_metrics"]
+
+METRIC_KEYS = {"iqm": "iqm_return", "mean": "mean_return"}
+SCORE = "score"  # what Tune optimises: the sweep's metric, under one name
+
+
+def trial_metrics(recent: Sequence[Sequence[float]], metric: str) -> dict[str, float]:
+    """The group's ``iqm_return`` and ``mean_return`` over its seeds' mean recent returns,
+    and ``score``, the sweep's ``metric`` of the two; NaN until every seed ended an episode."""
+    means = seed_means(recent)
+    if not means or any(m is None for m in means):
+        values = {"iqm_return": float("nan"), "mean_return": float("nan")}
+    else:
+        values = {"iqm_return": float(iqm(means)), "mean_return": float(sum(means) / len(means))}
+    return {**values, SCORE: values[METRIC_KEYS[metric]]}
+
+
+def search_space(spec: SweepSpec) -> dict[str, Any]:
+    """The sweep's search space in Tune's terms (lists for tuples: Tune stores them as JSON)."""
+    from ray import tune
+
+    def plain(value: Any) -> Any:
+        return list(value) if isinstance(value, tuple) else value
+
+    space: dict[str, Any] = {name: tune.grid_search([plain(v) for v in values])
+                             for name, values in spec.grid.items()}
+    for name, sampled in spec.sampled.items():
+        if sampled.kind == "choice":
+            space[name] = tune.choice([plain(v) for v in sampled.values])
+            continue
+        low, high = sampled.values
+        if sampled.kind == "uniform":
+            space[name] = tune.uniform(low, high)
+        elif sampled.kind == "loguniform":
+            space[name] = tune.loguniform(low, high)
+        else:
+            space[name] = tune.randint(low, high + 1)  # Tune's high is excluded, ours not
+    return space
+
+
+def run_trial(params: dict[str, Any], spec: SweepSpec, sweep_dir: str) -> None:
+    """One trial: train the group in its own folder (resuming it where a retry finds a
+    checkpoint), reporting to Tune at each log interval and at the end."""
+    import dataclasses
+
+    import ray
+    from ray import tune
+
+    from rl_graphstep.train import train
+
+    name = tune.get_context().get_trial_id()
+    cfg = trial_config(spec, params, log_dir=sweep_dir, run_name=name)
+    folder = Path(sweep_dir) / name
+    if folder.is_dir() and list_checkpoints(folder):
+        cfg = dataclasses.replace(cfg, resume=str(folder))
+
+    node = ray.get_runtime_context().get_node_id()  # where it ran, for the results table
+
+    def report(step: int, recent: list[list[float]], finished: bool = False) -> None:
+        tune.report({**trial_metrics(recent, spec.metric), "global_step": step,
+                     "node_id": node, "finished": finished})
+
+    summary = train(cfg, report=report)
+    report(summary["global_step"], summary["recent_returns"], finished=True)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m rl_graphstep.sweep",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("sweep_file", help="the sweep's YAML file")
+    parser.add_argument("--log-dir", default="runs", help="where the sweep's folder goes")
+    parser.add_argument("--address", help="a running Ray cluster (auto, host:port, "
+                                          "ray://...); without it a local Ray starts")
+    parser.add_argument("--cpus-per-trial", type=float, default=1.0,
+                        help="CPUs Ray reserves for each trial")
+    parser.add_argument("--gpus-per-trial", type=float, default=0.0,
+                        help="GPUs Ray reserves for each trial: fractions pack several trials "
+                             "on one GPU")
+    parser.add_argument("--scheduler", choices=["fifo", "asha"], default="fifo",
+                        help="asha stops trials that trail the others early")
+    parser.add_argument("--search", choices=["variants", "optuna"], default="variants",
+                        help="variants: the grid, with sampled values drawn at random; optuna: "
+                             "Optuna picks each trial's values (optuna must be installed)")
+    parser.add_argument("--max-failures", type=int, default=2,
+                        help="retries of a failed trial, each from its last checkpoint")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the sweep in this folder where it stopped")
+    return parser
+
+
+def _scheduler(name: str, spec: SweepSpec) -> Any:
+    if name == "fifo":
+        return None
+    from ray.tune.schedulers import ASHAScheduler
+
+    total = int(spec.base.get("total_timesteps", 1_000_000))
+    return ASHAScheduler(time_attr="global_step", max_t=total, grace_period=max(1, total // 8))
+
+
+def _search(name: str, spec: SweepSpec) -> Any:
+    if name == "variants":
+        return None
+    if spec.grid:
+        raise ConfigError(f"--search optuna samples every setting; the grid of "
+                          f"{', '.join(spec.grid)} in {spec.source} would be one choice each "
+                          "(write it as {choice: [...]})")
+    try:
+        import optuna  # noqa: F401  (OptunaSearch only fails when used)
+        from ray.tune.search.optuna import OptunaSearch
+    except ImportError:
+        raise ConfigError("--search optuna needs optuna: pip install optuna") from None
+    return OptunaSearch()
+
+
+def run_sweep(spec: SweepSpec, args: argparse.Namespace, stopped_by: list[int]) -> Any:
+    """Run (or continue) the sweep on Ray Tune; return Tune's result grid. A SIGTERM stops it
+    as a Ctrl-C does (Tune saves its state and stops the trials), noted in ``stopped_by``."""
+    sweep_dir = (Path(args.log_dir) / spec.name).resolve()
+    tune_dir = sweep_dir / ".tune"
+    search = _search(args.search, spec)
+    with RunLock(sweep_dir, advice="wait for it to end or give this one another name",
+                 owner="sweep"):
+        if args.resume and not (tune_dir / spec.name).is_dir():
+            raise ConfigError(f"{sweep_dir} holds no sweep to resume; run it without --resume")
+        if not args.resume and tune_dir.exists():
+            raise ConfigError(f"{sweep_dir} already holds a sweep; continue it with --resume "
+                              "or give the sweep another name")
+        return _tune(spec, args, stopped_by, sweep_dir, search)
+
+
+def _tune(spec: SweepSpec, args: argparse.Namespace, stopped_by: list[int], sweep_dir: Path,
+          search: Any) -> Any:
+    """Start (or join) Ray and run the sweep's trials."""
+    # The runs write their own tensorboard logs: Tune keeps only its JSON and CSV results.
+    os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
+    import ray
+    from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
+
+    tune_dir = sweep_dir / ".tune"
+    ray.init(address=args.address, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+
+    def stop(signum: int, _frame: object) -> None:
+        stopped_by.append(signum)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    previous = signal.signal(signal.SIGTERM, stop)  # after ray.init, which sets its own
+    try:
+        trainable = tune.with_resources(
+            tune.with_parameters(run_trial, spec=spec, sweep_dir=str(sweep_dir)),
+            {"cpu": args.cpus_per_trial, "gpu": args.gpus_per_trial})
+        if args.resume:
+            tuner = tune.Tuner.restore(str(tune_dir / spec.name), trainable,
+                                       resume_unfinished=True, resume_errored=True)
+        else:
+            tuner = tune.Tuner(
+                trainable, param_space=search_space(spec),
+                tune_config=tune.TuneConfig(num_samples=spec.num_samples, metric=SCORE,
+                                            mode=spec.mode,
+                                            scheduler=_scheduler(args.scheduler, spec),
+                                            search_alg=search),
+                run_config=tune.RunConfig(
+                    name=spec.name, storage_path=str(tune_dir), verbose=0,
+                    callbacks=[JsonLoggerCallback(), CSVLoggerCallback()],
+                    failure_config=tune.FailureConfig(max_failures=args.max_failures)))
+        return tuner.fit()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        ray.shutdown()
+
+
+def _finished(result: Any, scheduler: str) -> bool:
+    """Whether a trial ended: trained to its end, failed, or (ASHA) was stopped early. Tune
+    marks the trials of a sweep stopped by Ctrl-C terminated too, so its status cannot say."""
+    metrics = result.metrics or {}
+    if result.error is not None or metrics.get("finished"):
+        return True
+    return scheduler == "asha" and bool(metrics)  # a trial ASHA stopped had reported
+
+
+def write_results(spec: SweepSpec, results: Any, sweep_dir: Path) -> list[dict[str, Any]]:
+    """The trials best first, printed and written as CSV and Markdown; the best one's config
+    as YAML. Returns the rows."""
+    rows = []
+    for result in results:
+        metrics, config = result.metrics or {}, result.config or {}
+        params = {name: config.get(name) for name in (*spec.grid, *spec.sampled)}
+        rows.append({"trial": metrics.get("trial_id", Path(result.path).name), **params,
+                     SCORE: metrics.get(SCORE, float("nan")),
+                     "iqm_return": metrics.get("iqm_return", float("nan")),
+                     "mean_return": metrics.get("mean_return", float("nan")),
+                     "global_step": metrics.get("global_step", 0),
+                     "node": str(metrics.get("node_id", ""))[:12],
+                     "error": "" if result.error is None else _error_line(result.error)})
+    sign = -1.0 if spec.mode == "max" else 1.0
+    rows.sort(key=lambda r: (r[SCORE] != r[SCORE], sign * (r[SCORE] if r[SCORE] == r[SCORE]
+                                                           else 0.0)))
+    columns = list(rows[0]) if rows else ["trial"]
+    with (sweep_dir / "results.csv").open("w", newline="") as out:
+        writer = csv.DictWriter(out, columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_cell(r[c]) for c in columns) + " |" for r in rows]
+    (sweep_dir / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    if rows and rows[0][SCORE] == rows[0][SCORE]:
+        best = rows[0]
+        cfg = trial_config(spec, {n: best[n] for n in (*spec.grid, *spec.sampled)},
+                           log_dir="runs", run_name=f"{spec.name}_best")
+        values = {k: v for k, v in config_to_dict(cfg).items()
+                  if k not in ("log_dir", "run_name", "resume")}
+        (sweep_dir / "best_config.yaml").write_text(
+            f"# the best trial of sweep {spec.name} ({best['trial']}, {SCORE} "
+            f"{best[SCORE]:.1f}); train it with: python -m rl_graphstep.train --config "
+            f"{sweep_dir / 'best_config.yaml'}\n" + yaml.safe_dump(values, sort_keys=False))
+    return rows
+
+
+def _error_line(error: BaseException) -> str:
+    """A failed trial's error as one line: the trial's own exception, not Ray's wrapping."""
+    while getattr(error, "cause", None) is not None:  # RayTaskError and TuneError wrap it
+        error = error.cause
+    return f"{type(error).__name__}: {first_line(error)}"
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry: 0 when every trial finished, 1 when some failed, 2 on bad input,
+    128 + the signal when stopped (Ctrl-C or SIGTERM; ``--resume`` continues)."""
+    args = _parser().parse_args(argv)
+    stopped_by: list[int] = []
+    try:
+        spec = read_sweep_file(args.sweep_file)
+        results = run_sweep(spec, args, stopped_by)
+    except (ConfigError, RunFolderError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except ImportError as err:
+        print(f"error: sweeps need Ray Tune ({err.name} is missing): "
+              'pip install "rl_graphstep[sweep]"', file=sys.stderr)
+        return 2
+    unfinished = sum(not _finished(result, args.scheduler) for result in results)
+    if unfinished:
+        print(f"stopped with {unfinished} of {len(results)} trials unfinished; continue with: "
+              f"python -m rl_graphstep.sweep {args.sweep_file} --resume", file=sys.stderr)
+        return 128 + (stopped_by[0] if stopped_by else signal.SIGINT)
+    rows = write_results(spec, results, (Path(args.log_dir) / spec.name).resolve())
+    return 0 if rows and not any(r["error"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

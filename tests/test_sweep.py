@@ -1,0 +1,334 @@
+"""Sweeps on Ray Tune: a 2 x 2 grid on a local Ray (every trial a seed group), the results
+table and best config, a second sweep into the same folder refused; the metric and the search
+space on their own."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from pathlib import Path
+
+import pytest
+
+from rl_graphstep.sweep import main, trial_metrics
+from rl_graphstep.train import main as train_main
+
+SWEEP = """
+name: grid
+base:
+  env_id: Pendulum-v1
+  total_timesteps: 400
+  learning_starts: 200
+  batch_size: 32
+  hidden_sizes: [16]
+  device: cpu
+  log_interval: 100
+  progress: false
+search:
+  q_lr: [0.001, 0.0003]
+  policy_lr: [0.001, 0.0003]
+num_seeds: 2
+"""
+
+
+def test_the_metric_is_the_iqm_or_mean_of_the_seeds_recent_means() -> None:
+    recent = [[-100.0, -300.0], [-50.0], [-900.0], [-10.0]]  # seed means -200, -50, -900, -10
+    got = trial_metrics(recent, "iqm")
+    assert got["iqm_return"] == pytest.approx(-125.0)  # the middle two: -200 and -50
+    assert got["mean_return"] == pytest.approx(-290.0)
+    assert got["score"] == got["iqm_return"]
+    assert trial_metrics(recent, "mean")["score"] == got["mean_return"]
+    assert math.isnan(trial_metrics([[-1.0], []], "iqm")["score"])  # a seed without episodes
+
+
+def test_the_search_space_in_tunes_terms(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    from rl_graphstep.sweep import search_space
+    from rl_graphstep.sweepfile import read_sweep_file
+
+    path = tmp_path / "s.yaml"
+    path.write_text("search:\n  q_lr: [0.1, 0.01]\n  policy_frequency: {randint: [1, 3]}\n"
+                    "  hidden_sizes: {choice: [[8], [16, 16]]}\n")
+    space = search_space(read_sweep_file(path))
+    assert space["q_lr"] == {"grid_search": [0.1, 0.01]}
+    assert (space["policy_frequency"].lower, space["policy_frequency"].upper) == (1, 4)
+    assert space["hidden_sizes"].categories == [[8], [16, 16]]
+
+
+def test_a_two_by_two_grid_on_a_local_ray(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ray.tune")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "grid.yaml").write_text(SWEEP)
+    assert main(["grid.yaml", "--log-dir", "runs"]) == 0
+    sweep = tmp_path / "runs" / "grid"
+    with (sweep / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 and all(row["error"] == "" for row in rows)
+    assert {(row["q_lr"], row["policy_lr"]) for row in rows} == {
+        (q, p) for q in ("0.001", "0.0003") for p in ("0.001", "0.0003")}
+    scores = [float(row["score"]) for row in rows]
+    assert scores == sorted(scores, reverse=True)  # best first (mode max)
+    assert all(row["global_step"] == "400" for row in rows)
+    for row in rows:  # each trial: its seed group's folder
+        assert sorted(p.name for p in (sweep / row["trial"]).iterdir()) == [
+            "aggregate", "checkpoints", "seed_1", "seed_2"]
+    assert (sweep / "results.md").read_text().count("\n") == 6  # header, rule, 4 trials
+    best = sweep / "best_config.yaml"
+    assert f"({rows[0]['trial']}," in best.read_text().splitlines()[0]
+    capsys.readouterr()
+    # The best config trains as it is (shorter here), as a seed group of the sweep's seeds.
+    assert train_main(["--config", str(best), "--total-timesteps", "300", "--log-dir",
+                       str(tmp_path / "again")]) == 0
+    assert (next((tmp_path / "again").iterdir()) / "seed_2").is_dir()
+    # A second sweep into the same folder is one line and exit 2.
+    assert main(["grid.yaml", "--log-dir", "runs"]) == 2
+    assert capsys.readouterr().err == (f"error: {sweep} already holds a sweep; continue it "
+                                       "with --resume or give the sweep another name\n")
+
+
+FAIL_ONCE = '''
+"""Pendulum whose 250th step (counted over its episodes) raises while a marker file exists,
+removing it: the first attempt of a trial fails there, its retry does not."""
+import os
+
+import gymnasium as gym
+from gymnasium.envs.classic_control.pendulum import PendulumEnv
+
+MARKER = os.environ["FAIL_ONCE_MARKER"]
+
+
+class FailOncePendulum(PendulumEnv):
+    steps = 0
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == 250 and os.path.exists(MARKER):
+            os.remove(MARKER)
+            raise RuntimeError("the simulator crashed")
+        return super().step(action)
+
+
+gym.register("FailOncePendulum-v0", entry_point=FailOncePendulum, max_episode_steps=200)
+'''
+
+
+def test_a_failed_trial_is_retried_from_its_last_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ray.tune")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (tmp_path / "failonce.py").write_text(FAIL_ONCE)
+    marker = tmp_path / "fail-once"
+    marker.touch()
+    monkeypatch.setenv("FAIL_ONCE_MARKER", str(marker))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "once.yaml").write_text(
+        SWEEP.replace("name: grid", "name: once")
+        .replace("env_id: Pendulum-v1", "env_id: failonce:FailOncePendulum-v0\n"
+                                        "  checkpoint_every: 100")
+        .replace("  policy_lr: [0.001, 0.0003]\n", "")
+        .replace("q_lr: [0.001, 0.0003]", "q_lr: [0.001]"))
+    assert main(["once.yaml", "--log-dir", "runs", "--max-failures", "1"]) == 0
+    assert not marker.exists()  # the first attempt failed at its 250th step
+    sweep = tmp_path / "runs" / "once"
+    with (sweep / "results.csv").open() as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["error"] == "" and row["global_step"] == "400"
+    events = EventAccumulator(str(sweep / row["trial"] / "aggregate"))
+    events.Reload()
+    # Logged at 100 and 200 by the first attempt, then on from its checkpoint at 200 by the
+    # retry: each step once (a retry from scratch would log 100 and 200 twice).
+    assert [e.step for e in events.Scalars("charts/SPS")] == [100, 200, 300, 400]
+
+
+@pytest.mark.parametrize("how", ["kill -9", "SIGINT", "SIGTERM"])
+def test_a_driver_stopped_mid_sweep_resumes_and_every_trial_finishes_once(
+        how: str, tmp_path: Path) -> None:
+    """kill -9 of the driver's process group (its local Ray with it), or a Ctrl-C or SIGTERM
+    to the driver, which then stops cleanly with one line; ``--resume`` finishes the rest."""
+    pytest.importorskip("ray.tune")
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (tmp_path / "grid.yaml").write_text(  # two trials, stopped past a checkpoint at 400
+        SWEEP.replace("total_timesteps: 400", "total_timesteps: 700\n  checkpoint_every: 200")
+        .replace("  policy_lr: [0.001, 0.0003]\n", ""))
+    root = Path(__file__).parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    command = [sys.executable, "-m", "rl_graphstep.sweep", "grid.yaml", "--log-dir", "runs"]
+    driver = subprocess.Popen(command, cwd=tmp_path, env=env, start_new_session=True,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    sweep = tmp_path / "runs" / "grid"
+    deadline = time.monotonic() + 120
+    # Killed once some trial has checkpointed (others may have finished or not started).
+    while time.monotonic() < deadline and not list(sweep.glob("*/checkpoints/step_*400.pt")):
+        time.sleep(0.2)
+    if how == "kill -9":
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started
+        driver.communicate(timeout=60)
+    else:
+        signum = signal.SIGINT if how == "SIGINT" else signal.SIGTERM
+        driver.send_signal(signum)
+        _, stderr = driver.communicate(timeout=120)
+        assert driver.returncode == 128 + signum, stderr[-2000:]
+        assert "trials unfinished; continue with: python -m rl_graphstep.sweep grid.yaml " \
+               "--resume\n" in stderr
+        assert "Traceback" not in stderr
+    assert not (sweep / "results.csv").exists()
+    resumed = subprocess.run([*command, "--resume"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    with (sweep / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 and all(r["error"] == "" and r["global_step"] == "700" for r in rows)
+    for row in rows:  # every step of every trial logged once: nothing was run twice
+        events = EventAccumulator(str(sweep / row["trial"] / "aggregate"))
+        events.Reload()
+        assert [e.step for e in events.Scalars("charts/SPS")] == list(range(100, 701, 100))
+
+
+@pytest.mark.slow
+def test_a_sweep_on_a_two_node_cluster_retries_a_killed_worker(tmp_path: Path) -> None:
+    """A real cluster on loopback, started and stopped by this test with Ray's own commands:
+    a head and a second node of one CPU each. The trials run on both, and the one whose worker
+    process is killed is retried from its checkpoint and finishes."""
+    pytest.importorskip("ray.tune")
+    import json
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ray = str(Path(sys.executable).with_name("ray"))
+    address = f"127.0.0.1:{port}"
+    common = ["--num-cpus", "1", "--disable-usage-stats"]
+    (tmp_path / "grid.yaml").write_text(SWEEP.replace("total_timesteps: 400",
+                                                      "total_timesteps: 1000\n"
+                                                      "  checkpoint_every: 200"))
+    root = Path(__file__).parents[1]
+    # A loopback cluster of this test alone: no token for its nodes and driver to share.
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "RAY_AUTH_MODE": "disabled"}
+    try:
+        subprocess.run([ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port",
+                        str(port), "--include-dashboard", "false", *common], check=True,
+                       env=env, capture_output=True, timeout=120)
+        subprocess.run([ray, "start", "--address", address, *common], check=True, env=env,
+                       capture_output=True, timeout=120)
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "rl_graphstep.sweep", "grid.yaml", "--log-dir", "runs",
+             "--address", address, "--max-failures", "2"],
+            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        sweep = tmp_path / "runs" / "grid"
+        killed = None
+        deadline = time.monotonic() + 180
+        while killed is None and time.monotonic() < deadline and driver.poll() is None:
+            for result in sweep.glob(".tune/grid/*/result.json"):
+                lines = result.read_text().splitlines()
+                if lines and json.loads(lines[-1])["global_step"] >= 400:
+                    killed = json.loads(lines[-1])
+                    os.kill(killed["pid"], signal.SIGKILL)  # the trial's worker process
+                    break
+            time.sleep(0.1)
+        _, stderr = driver.communicate(timeout=300)
+        assert driver.returncode == 0, stderr[-3000:]
+        assert killed is not None
+        with (sweep / "results.csv").open() as f:
+            rows = list(csv.DictReader(f))
+        assert len(rows) == 4 and all(r["error"] == "" and r["global_step"] == "1000"
+                                      for r in rows)
+        assert len({r["node"] for r in rows}) == 2  # both nodes ran trials
+        # Finished without an error: its retry resumed its folder (one from scratch is refused,
+        # the folder holding a run with checkpoints).
+        assert killed["trial_id"] in {r["trial"] for r in rows}
+    finally:
+        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
+
+
+def test_optuna_picks_the_sampled_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ray.tune")
+    pytest.importorskip("optuna")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "opt.yaml").write_text(
+        SWEEP.replace("name: grid", "name: opt")
+        .replace("  q_lr: [0.001, 0.0003]\n  policy_lr: [0.001, 0.0003]\n",
+                 "  q_lr: {loguniform: [1.0e-4, 1.0e-2]}\n")
+        .replace("num_seeds: 2", "num_seeds: 1\nnum_samples: 2"))
+    assert main(["opt.yaml", "--log-dir", "runs", "--search", "optuna"]) == 0
+    with (tmp_path / "runs" / "opt" / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 2 and all(1e-4 <= float(r["q_lr"]) <= 1e-2 for r in rows)
+
+
+def test_optuna_refuses_a_grid(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("ray.tune")
+    (tmp_path / "grid.yaml").write_text(SWEEP)
+    assert main([str(tmp_path / "grid.yaml"), "--log-dir", str(tmp_path / "runs"),
+                 "--search", "optuna"]) == 2
+    assert capsys.readouterr().err == (
+        f"error: --search optuna samples every setting; the grid of q_lr, policy_lr in "
+        f"{tmp_path / 'grid.yaml'} would be one choice each (write it as {{choice: [...]}})\n")
+    assert not (tmp_path / "runs").exists()  # refused before anything was made
+
+
+def test_a_sweep_into_a_folder_another_sweep_holds_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from rl_graphstep.rundir import RunLock
+
+    (tmp_path / "grid.yaml").write_text(SWEEP)
+    sweep = tmp_path / "runs" / "grid"
+    with RunLock(sweep, owner="sweep"):  # another sweep's driver, running
+        assert main([str(tmp_path / "grid.yaml"), "--log-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {sweep} is in use by another sweep (pid {os.getpid()}); ")
+    assert err.endswith("wait for it to end or give this one another name\n")
+
+
+def test_asha_runs_the_grid_and_may_stop_trials_early(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which trials ASHA stops depends on the order they report in; what holds: every trial
+    ends without an error, at a logged step, and a stopped one counts as ended."""
+    pytest.importorskip("ray.tune")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "asha.yaml").write_text(
+        SWEEP.replace("name: grid", "name: asha").replace("total_timesteps: 400",
+                                                          "total_timesteps: 800")
+        .replace("num_seeds: 2", "num_seeds: 1"))
+    assert main(["asha.yaml", "--log-dir", "runs", "--scheduler", "asha"]) == 0
+    with (tmp_path / "runs" / "asha" / "results.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 4 and all(r["error"] == "" for r in rows)
+    assert all(int(r["global_step"]) in range(100, 801, 100) for r in rows)
+
+
+def test_a_trial_that_always_fails_is_recorded_with_its_own_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ray.tune")
+    (tmp_path / "failonce.py").write_text(FAIL_ONCE.replace("os.remove(MARKER)", "pass"))
+    marker = tmp_path / "fail-always"
+    marker.touch()
+    monkeypatch.setenv("FAIL_ONCE_MARKER", str(marker))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "always.yaml").write_text(
+        SWEEP.replace("name: grid", "name: always")
+        .replace("env_id: Pendulum-v1", "env_id: failonce:FailOncePendulum-v0")
+        .replace("  policy_lr: [0.001, 0.0003]\n", "").replace("q_lr: [0.001, 0.0003]",
+                                                                "q_lr: [0.001]"))
+    assert main(["always.yaml", "--log-dir", "runs", "--max-failures", "0"]) == 1
+    with (tmp_path / "runs" / "always" / "results.csv").open() as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["error"].startswith("EnvError: the environment's step raised RuntimeError: "
+                                   "the simulator crashed")
+

@@ -1,0 +1,112 @@
+"""The sweep file: what a good one gives, and one clear line for each kind of bad one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rl_graphstep.errors import ConfigError
+from rl_graphstep.sweepfile import Sampled, read_sweep_file, trial_config
+
+ROOT = Path(__file__).parents[1]
+
+
+def write(tmp_path: Path, text: str, name: str = "sweep.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_the_shipped_sweep_reads_as_a_grid_of_four(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # its base config path is relative to the repository
+    spec = read_sweep_file("configs/sweeps/sac_pendulum.yaml")
+    assert spec.name == "sac_pendulum" and spec.trials == 4
+    assert spec.grid == {"q_lr": (0.001, 0.0003), "policy_lr": (0.001, 0.0003)}
+    assert spec.seeds == (1, 2, 3) and (spec.metric, spec.mode) == ("iqm", "max")
+    assert spec.base["env_id"] == "Pendulum-v1" and spec.base["total_timesteps"] == 6000
+    assert spec.base["batch_size"] == 256  # from the base config file
+    points = spec.grid_points()
+    assert points[0] == {"q_lr": 0.001, "policy_lr": 0.001} and len(points) == 4
+    cfg = trial_config(spec, points[3], log_dir="runs/sac_pendulum", run_name="t3")
+    assert (cfg.q_lr, cfg.policy_lr, cfg.seed_list) == (0.0003, 0.0003, (1, 2, 3))
+    assert (cfg.log_dir, cfg.run_name, cfg.total_timesteps) == ("runs/sac_pendulum", "t3", 6000)
+
+
+def test_sampled_dimensions_and_repeats(tmp_path: Path) -> None:
+    spec = read_sweep_file(write(tmp_path, """
+base: {env_id: Pendulum-v1}
+search:
+  tau: {uniform: [0.002, 0.02]}
+  q_lr: {loguniform: [1.0e-4, 1.0e-2]}
+  policy_frequency: {randint: [1, 4]}
+  hidden_sizes: {choice: [[64, 64], [256, 256]]}
+  batch_size: [64, 128, 256]
+num_samples: 2
+seeds: [3, 5]
+metric: mean
+mode: min
+"""))
+    assert spec.name == "sweep" and spec.trials == 6
+    assert spec.sampled == {"tau": Sampled("uniform", (0.002, 0.02)),
+                            "q_lr": Sampled("loguniform", (1e-4, 1e-2)),
+                            "policy_frequency": Sampled("randint", (1, 4)),
+                            "hidden_sizes": Sampled("choice", ((64, 64), (256, 256)))}
+    assert spec.seeds == (3, 5) and (spec.metric, spec.mode) == ("mean", "min")
+    cfg = trial_config(spec, {"batch_size": 64, "hidden_sizes": [64, 64]}, log_dir="x",
+                       run_name="y")
+    assert cfg.seeds == (3, 5) and cfg.num_seeds == 2 and cfg.hidden_sizes == (64, 64)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("serach: {q_lr: [0.1]}", r"unknown sweep key 'serach' \(did you mean 'search'\?\); valid: "
+                              r"name, base, search"),
+    ("search: {q_rl: [0.1]}", r"unknown setting in search 'q_rl' \(did you mean 'q_lr'\?\)"),
+    ("search: {q_lr: []}", r"search for 'q_lr' must be a non-empty list \(a grid\) or one of "
+                           r"choice, uniform, loguniform, randint, got \[\]"),
+    ("search: {q_lr: [0.1, -1]}", r"q_lr must be > 0, got -1.0 in .*sweep.yaml's search for "
+                                  r"'q_lr'"),
+    ("search: {q_lr: {uniform: [0.1, 0.01]}}", r"uniform needs low < high, got \[0.1, 0.01\]"),
+    ("search: {gamma: {loguniform: [0, 0.5]}}", r"loguniform needs low > 0, got 0.0"),
+    ("search: {tau: {uniform: [0.1]}}", r"uniform takes \[low, high\], got \[0.1\]"),
+    ("search: {tau: {normal: [0, 1]}}", r"a sampled value needs exactly one of choice, uniform, "
+                                        r"loguniform, randint, got normal"),
+    ("search: {algo: {uniform: [sac, td3]}}", r"uniform needs numbers, and algo is not numeric"),
+    ("search: {batch_size: {randint: [1.5, 4]}}",
+     r"batch_size must be an int, got 1.5 in .*search for 'batch_size'"),
+    ("search: {seed: [1, 2]}", r"search cannot vary 'seed': the sweep sets it for every trial"),
+    ("search: {log_dir: [a, b]}", r"search cannot vary 'log_dir'"),
+    ("base: {run_name: x}", r"base cannot set 'run_name': the sweep sets it for every trial"),
+    ("base: {batch_sise: 3}", r"unknown config key 'batch_sise' in .*sweep.yaml's base"),
+    ("base: [1, 2]", r"base must be a mapping of training settings, got \[1, 2\]"),
+    ("base: {config: nowhere.yaml}", r"config file 'nowhere.yaml' does not exist \(the base "
+                                     r"config of .*sweep.yaml\)"),
+    ("seeds: [1, 2]\nnum_seeds: 2", r"give seeds or num_seeds, not both"),
+    ("seeds: [1, 1]", r"seeds .*1"),
+    ("num_seeds: 0", r"num_seeds must be a whole number from 1 to 64, got 0"),
+    ("num_seeds: 65", r"num_seeds must be a whole number from 1 to 64, got 65"),
+    ("num_samples: 0", r"num_samples must be a positive whole number, got 0"),
+    ("metric: median", r"metric must be one of iqm, mean, got 'median'"),
+    ("mode: up", r"mode must be one of max, min, got 'up'"),
+    ("name: a/b", r"name must be a folder name, got 'a/b'"),
+    ("- 1\n- 2", r"sweep file '.*sweep.yaml' must be a mapping of key: value lines, got a YAML "
+                 r"list"),
+    ("search: {q_lr: [0.1}", r"sweep file '.*sweep.yaml' is not valid YAML at line 1"),
+    ("base: {learning_starts: 9000, total_timesteps: 5000}",
+     r"--learning-starts 9000 is not below --total-timesteps 5000: .* \(in .*sweep.yaml\)$"),
+])
+def test_a_bad_sweep_file_is_one_line(text: str, message: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=message) as raised:
+        read_sweep_file(write(tmp_path, text))
+    assert "\n" not in str(raised.value)
+
+
+def test_a_missing_sweep_file_is_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^sweep file '.*nothing.yaml' does not exist$"):
+        read_sweep_file(tmp_path / "nothing.yaml")
+
+
+def test_an_empty_sweep_file_is_one_default_trial(tmp_path: Path) -> None:
+    spec = read_sweep_file(write(tmp_path, "# nothing yet\n", name="empty.yaml"))
+    assert spec.trials == 1 and spec.grid_points() == [{}] and spec.seeds == (1,)
+    assert spec.name == "empty" and spec.base == {}
