@@ -15,7 +15,7 @@ import torch
 from rl_graphstep import buffer as buffer_module
 from rl_graphstep import evaluate, memory, train
 from rl_graphstep.buffer import ReplayBuffer
-from rl_graphstep.errors import ConfigError
+from rl_graphstep.errors import ConfigError, TrainingInterrupted
 
 ROOT = Path(__file__).resolve().parent.parent
 # Tiny runs: nothing in the table gets as far as an update.
@@ -343,8 +343,8 @@ def test_a_ctrl_c_while_the_stop_is_on_its_way_out_still_reports_the_stop(
 
     def stopped_then_interrupted(cfg: object) -> None:
         try:
-            raise train.TrainingInterrupted(signal.SIGINT, "SIGINT at step 300: checkpoint x "
-                                            "saved and logs flushed; continue with --resume r")
+            raise TrainingInterrupted(signal.SIGINT, "SIGINT at step 300: checkpoint x "
+                                      "saved and logs flushed; continue with --resume r")
         finally:
             raise KeyboardInterrupt  # the next Ctrl-C, during the unwinding
 
