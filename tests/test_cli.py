@@ -105,14 +105,15 @@ BAD_TRAIN_INPUTS = [
     (["stray"], "unexpected argument 'stray'"),
     # Removed flags and keys name what replaced them (the nearest-flag hint never offers one).
     (["--async-envs"],
-     "error: --async-envs was replaced by --vec-env async (--vec-env sync is the default)\n"),
+     "error: --async-envs was replaced by --vec-env async (--vec-env auto is the default)\n"),
     (["--env-worker"], "error: --env-worker was removed: it never measured faster than the "
                        "default; use --vec-env async to step the environments in subprocesses\n"),
     (["--no-overlap"], "error: --no-overlap was removed: the loop always steps the "
                        "environments while the GPU updates\n"),
     (["--config", "old_async.yaml"], "error: config key 'async_envs' in old_async.yaml was "
-     "replaced by vec_env: async (vec_env: sync is the default)\n"),
-    (["--vec-env", "spawn"], "error: --vec-env must be one of sync, async, shared, got 'spawn'\n"),
+     "replaced by vec_env: async (vec_env: auto is the default)\n"),
+    (["--vec-env", "spawn"],
+     "error: --vec-env must be one of auto, sync, async, shared, got 'spawn'\n"),
     (["--seed", "x"], "--seed must be an int, got 'x'"),
     (["--gamma", "y"], "--gamma must be a number, got 'y'"),
     (["--seed"], "--seed needs a value"),
