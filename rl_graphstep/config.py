@@ -26,7 +26,7 @@ from rl_graphstep.seedgroup import (
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
 # The values of every on/off setting that can also be left to the machine.
 SWITCH_MODES: tuple[str, ...] = ("auto", "on", "off")
-VEC_ENVS: tuple[str, ...] = ("sync", "async", "shared")
+VEC_ENVS: tuple[str, ...] = ("auto", "sync", "async", "shared")
 
 
 
@@ -78,9 +78,10 @@ class Config:
     )
     num_envs: int = option(1, "parallel environments of the vector env")
     vec_env: str = option(
-        "sync", "how the environments step: sync (gymnasium's SyncVectorEnv, in this "
-        "process), async (its AsyncVectorEnv, one subprocess per env, through pipes) or "
-        "shared (worker processes polling shared memory, one per CPU but one)"
+        "auto", "how the environments step: sync (gymnasium's SyncVectorEnv, in this "
+        "process), async (its AsyncVectorEnv, one subprocess per env, through pipes), "
+        "shared (worker processes polling shared memory, one per CPU but one) or auto "
+        "(shared with CUDA graphs, several envs and at least 4 CPUs on x86-64, else sync)"
     )
     updates_per_step: int = option(1, "gradient updates per environment iteration")
     tf32: bool = option(
@@ -209,7 +210,7 @@ FIELD_TYPES: dict[str, Any] = typing.get_type_hints(Config)
 # boolean flag, so its --no- form too). {old} is the name as the user wrote it; any other
 # {field} names today's setting, as a flag on the command line and as a key in a file.
 REMOVED: dict[str, str] = {
-    "async_envs": "{old} was replaced by {vec_env} async ({vec_env} sync is the default)",
+    "async_envs": "{old} was replaced by {vec_env} async ({vec_env} auto is the default)",
     "env_worker": "{old} was removed: it never measured faster than the default; use "
                   "{vec_env} async to step the environments in subprocesses",
     "overlap": "{old} was removed: the loop always steps the environments while the GPU "
@@ -395,8 +396,9 @@ def saved_config_values(saved: Mapping[str, Any], *, resuming: bool = False) -> 
     envs step in this process, beside the updates). ``resuming``: say so where the run was
     stepped by the env worker."""
     values = {key: value for key, value in saved.items() if key not in REMOVED}
-    if saved.get("async_envs") is True:
-        values.setdefault("vec_env", "async")
+    if "vec_env" not in saved:
+        # Such a run stepped its envs in the process (sync) or in subprocesses (async).
+        values["vec_env"] = "async" if saved.get("async_envs") is True else "sync"
     if resuming and saved.get("env_worker") is True:
         warnings.warn("this run stepped its environments in the env worker, which was removed; "
                       "they now step in this process (--vec-env sync)", stacklevel=3)

@@ -220,6 +220,12 @@ def group_done_line(summary: Mapping[str, Any]) -> str:
                  f"{each}, {iqm_text}")
 
 
+def summary_line(summary: Mapping[str, Any]) -> str:
+    """The run's last line: :func:`group_done_line` for a group of seeds, else
+    :func:`done_line`."""
+    return group_done_line(summary) if len(summary["seeds"]) > 1 else done_line(summary)
+
+
 def _done(summary: Mapping[str, Any], returns: str | None, group: str | None) -> str:
     rate = f"{summary['sps']:,.0f} steps/s"
     if summary.get("learning_sps") is not None:

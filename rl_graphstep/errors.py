@@ -89,3 +89,15 @@ class CheckpointError(RLGraphstepError, ValueError):
 
 class RunFolderError(RLGraphstepError, RuntimeError):
     """A run folder is owned by another training process, or cannot be written."""
+
+
+class TrainingInterrupted(RLGraphstepError):
+    """Ctrl-C or SIGTERM stopped the run after a checkpoint was saved."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+class NonFiniteUpdates(RLGraphstepError):
+    """Too many consecutive updates had non-finite losses or gradients."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,11 +18,14 @@ import numpy as np
 from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.envs import scale_action
 
-__all__ = ["NonFiniteTally", "describe_updates", "mostly_skipped", "policy_inputs",
-           "random_actions_for", "store_seeds"]
+__all__ = ["NonFiniteTally", "describe_updates", "mostly_skipped", "mostly_skipped_message",
+           "nonfinite_stop_message", "policy_inputs", "random_actions_for", "store_seeds"]
 
 # The parts of a transition, in the order the buffer takes them; terminations are booleans.
 _PARTS = ("observation", "action", "reward", "next observation")
+# What a user can do about updates that keep coming out non-finite.
+_ADVICE = ("check the rewards and observations the environment returns, or lower the learning "
+           "rates")
 
 
 class NonFiniteTally:
@@ -173,6 +177,24 @@ def describe_updates(counts: dict[str, tuple[int, int]]) -> str:
     """``100 of 200 critic updates and 0 of 200 actor updates``."""
     return " and ".join(f"{skipped:,} of {made:,} {kind} updates"
                         for kind, (skipped, made) in counts.items())
+
+
+def nonfinite_stop_message(limit: int, consecutive: int, step: int, saved: Path) -> str:
+    """Why a run stopped after ``--nonfinite-limit`` consecutive non-finite updates. The count
+    is read at log intervals only (reading it is a device sync), so it may have run past the
+    limit by up to an interval's updates: say both."""
+    run_dir = saved.parent.parent
+    return (f"at least --nonfinite-limit {limit} consecutive updates had non-finite losses or "
+            f"gradients ({consecutive} by step {step}, when it was checked); checkpoint "
+            f"{saved} holds the parameters of the last finite update (continue with --resume "
+            f"{run_dir}); {_ADVICE}")
+
+
+def mostly_skipped_message(counts: dict[str, tuple[int, int]], run_dir: str) -> str:
+    """Why a finished run whose updates were :func:`mostly_skipped` is an error."""
+    return (f"most updates were skipped for non-finite losses or gradients "
+            f"({describe_updates(counts)}), so the agent did not learn; {_ADVICE}; logs and "
+            f"checkpoint kept in {run_dir}")
 
 
 def policy_inputs(observations: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:

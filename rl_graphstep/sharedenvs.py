@@ -32,7 +32,7 @@ from gymnasium.vector.utils import batch_space
 
 from rl_graphstep.errors import ConfigError, EnvError, first_line, user_location
 
-__all__ = ["SharedMemoryVectorEnv"]
+__all__ = ["SharedMemoryVectorEnv", "ordered_stores"]
 
 SPIN_SECONDS = 0.005  # a worker polls without sleeping this long after its last command
 IDLE_SLEEP = 1e-4  # then sleeps this long between polls
@@ -130,6 +130,11 @@ def _step(shared: _Shared, copies: list[gym.Env], envs: range) -> None:
         shared.observations[index] = observation
 
 
+def ordered_stores() -> bool:
+    """Whether this host is x86-64, whose ordered stores the workers' lock-free polling needs."""
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
 class SharedMemoryVectorEnv(VectorEnv):
     """``num_envs`` copies of ``env_id`` stepped by ``workers`` processes (at most one per env,
     by default one per CPU but one), each owning a contiguous slice of the envs.
@@ -142,7 +147,7 @@ class SharedMemoryVectorEnv(VectorEnv):
 
     def __init__(self, env_id: str, num_envs: int, *, workers: int | None = None,
                  context: str | None = None) -> None:
-        if platform.machine().lower() not in ("x86_64", "amd64"):
+        if not ordered_stores():
             raise ConfigError(f"--vec-env shared needs an x86-64 host (its lock-free polling "
                               f"relies on x86's ordered stores), this one is "
                               f"{platform.machine()}: use --vec-env async or sync")

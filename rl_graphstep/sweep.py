@@ -80,6 +80,7 @@ def run_trial(params: dict[str, Any], spec: SweepSpec, sweep_dir: str) -> None:
     import ray
     from ray import tune
 
+    from rl_graphstep.plan import SHARED_ENV_MIN_CPUS
     from rl_graphstep.train import train
 
     name = tune.get_context().get_trial_id()
@@ -87,6 +88,10 @@ def run_trial(params: dict[str, Any], spec: SweepSpec, sweep_dir: str) -> None:
     folder = Path(sweep_dir) / name
     if folder.is_dir() and list_checkpoints(folder):
         cfg = dataclasses.replace(cfg, resume=str(folder))
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
+    if cfg.vec_env == "auto" and cpus < SHARED_ENV_MIN_CPUS:
+        # Trials share their node's CPUs: the shared env's workers would poll on the others'.
+        cfg = dataclasses.replace(cfg, vec_env="sync")
 
     node = ray.get_runtime_context().get_node_id()  # where it ran, for the results table
 

@@ -15,7 +15,7 @@ import torch
 from rl_graphstep import buffer as buffer_module
 from rl_graphstep import evaluate, memory, train
 from rl_graphstep.buffer import ReplayBuffer
-from rl_graphstep.errors import ConfigError
+from rl_graphstep.errors import ConfigError, TrainingInterrupted
 
 ROOT = Path(__file__).resolve().parent.parent
 # Tiny runs: nothing in the table gets as far as an update.
@@ -105,14 +105,15 @@ BAD_TRAIN_INPUTS = [
     (["stray"], "unexpected argument 'stray'"),
     # Removed flags and keys name what replaced them (the nearest-flag hint never offers one).
     (["--async-envs"],
-     "error: --async-envs was replaced by --vec-env async (--vec-env sync is the default)\n"),
+     "error: --async-envs was replaced by --vec-env async (--vec-env auto is the default)\n"),
     (["--env-worker"], "error: --env-worker was removed: it never measured faster than the "
                        "default; use --vec-env async to step the environments in subprocesses\n"),
     (["--no-overlap"], "error: --no-overlap was removed: the loop always steps the "
                        "environments while the GPU updates\n"),
     (["--config", "old_async.yaml"], "error: config key 'async_envs' in old_async.yaml was "
-     "replaced by vec_env: async (vec_env: sync is the default)\n"),
-    (["--vec-env", "spawn"], "error: --vec-env must be one of sync, async, shared, got 'spawn'\n"),
+     "replaced by vec_env: async (vec_env: auto is the default)\n"),
+    (["--vec-env", "spawn"],
+     "error: --vec-env must be one of auto, sync, async, shared, got 'spawn'\n"),
     (["--seed", "x"], "--seed must be an int, got 'x'"),
     (["--gamma", "y"], "--gamma must be a number, got 'y'"),
     (["--seed"], "--seed needs a value"),
@@ -343,8 +344,8 @@ def test_a_ctrl_c_while_the_stop_is_on_its_way_out_still_reports_the_stop(
 
     def stopped_then_interrupted(cfg: object) -> None:
         try:
-            raise train.TrainingInterrupted(signal.SIGINT, "SIGINT at step 300: checkpoint x "
-                                            "saved and logs flushed; continue with --resume r")
+            raise TrainingInterrupted(signal.SIGINT, "SIGINT at step 300: checkpoint x "
+                                      "saved and logs flushed; continue with --resume r")
         finally:
             raise KeyboardInterrupt  # the next Ctrl-C, during the unwinding
 

@@ -146,7 +146,7 @@ def test_a_run_that_could_never_update_is_refused_from_yaml_and_python(tmp_path:
 
 
 @pytest.mark.parametrize(("key", "line"), [
-    ("async_envs", "was replaced by vec_env: async (vec_env: sync is the default)"),
+    ("async_envs", "was replaced by vec_env: async (vec_env: auto is the default)"),
     ("env_worker", "was removed: it never measured faster than the default; use vec_env: "
                    "async to step the environments in subprocesses"),
     ("overlap", "was removed: the loop always steps the environments while the GPU updates"),

@@ -15,6 +15,7 @@ from rl_graphstep.console import (
     group_done_line,
     group_progress_line,
     progress_line,
+    summary_line,
 )
 
 
@@ -182,3 +183,10 @@ def test_a_groups_final_line_gives_each_seed_and_the_iqm() -> None:
                            "return of the last 10: 3: -1.0, 5: n/a, 7: -2.0, IQM n/a (a seed "
                            "has no finished episode); skipped 0 non-finite transitions, ")
     assert "\n" not in line and line.endswith("; logs in runs/g")
+
+
+def test_the_last_line_is_a_groups_for_several_seeds_only() -> None:
+    one = {**GROUP_SUMMARY, "seeds": (3,), "recent_returns": [[-1.0]],
+           "mean_return_last_10": -1.0}
+    assert summary_line(one) == done_line(one)
+    assert summary_line(GROUP_SUMMARY) == group_done_line(GROUP_SUMMARY)

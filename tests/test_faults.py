@@ -18,12 +18,13 @@ from torch import nn
 
 from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.checkpoint import latest_checkpoint, load_checkpoint
+from rl_graphstep.errors import NonFiniteUpdates
 from rl_graphstep.evaluate import evaluate
 from rl_graphstep.flags import load_config
 from rl_graphstep.graphstep import EagerAdaptationStep
 from rl_graphstep.guards import clip_grad_norm
 from rl_graphstep.nonfinite import NonFiniteTally
-from rl_graphstep.train import NonFiniteUpdates, main, train
+from rl_graphstep.train import main, train
 
 
 class BadRewards(gym.Wrapper):

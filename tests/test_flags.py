@@ -136,7 +136,7 @@ def test_a_bad_command_line_with_help_is_the_parser_error(
          "--action-stream must be one of auto, on, off, got 'yes'"),
         (["--algo", "ppo"], "--algo must be one of sac, td3, ddpg, got 'ppo'"),
         (["--vec-env", "subprocess"],
-         "--vec-env must be one of sync, async, shared, got 'subprocess'"),
+         "--vec-env must be one of auto, sync, async, shared, got 'subprocess'"),
         (["--gamma", "1.5"], "--gamma must be in [0, 1], got 1.5"),
         (["--q-lr", "0"], "--q-lr must be > 0, got 0.0"),
         (["--hidden-sizes", "64", "0"], "--hidden-sizes must be one or more positive ints"),
@@ -251,7 +251,7 @@ def test_the_first_update_at_the_last_step_is_allowed() -> None:
 
 # ----------------------------------------------------------------------------- removed settings
 
-ASYNC_LINE = "was replaced by --vec-env async (--vec-env sync is the default)"
+ASYNC_LINE = "was replaced by --vec-env async (--vec-env auto is the default)"
 WORKER_LINE = ("was removed: it never measured faster than the default; use --vec-env async to "
                "step the environments in subprocesses")
 OVERLAP_LINE = "was removed: the loop always steps the environments while the GPU updates"
@@ -287,7 +287,7 @@ def test_removed_settings_are_no_fields_and_no_flags() -> None:
 
 
 def test_vec_env_from_flag_and_yaml(tmp_path: Path) -> None:
-    assert Config().vec_env == "sync"
+    assert Config().vec_env == "auto"
     assert load_config(["--vec-env", "async"]).vec_env == "async"
     path = write(tmp_path, "vec_env: async\n")
     assert load_config(["--config", path]).vec_env == "async"

@@ -117,7 +117,6 @@ def test_a_non_finite_update_leaves_parameters_and_state_as_they_were() -> None:
 # K seeds stacked on a leading dimension
 # --------------------------------------------------------------------------------------------
 
-real_row_norms = guards._row_norms
 SEEDS = 3
 
 
@@ -253,7 +252,7 @@ def test_the_guard_skips_exactly_the_bad_seeds_update(compiled: bool,
     monkeypatch.setattr(torch, "compile",
                         lambda function, **kwargs: real(function, **{**kwargs, "backend": "eager"}))
     monkeypatch.setattr(guards, "_row_norms",
-                        lambda grads, seeds: rows.append(seeds) or real_row_norms(grads, seeds))
+                        lambda grads, seeds: rows.append(seeds) or _row_norms(grads, seeds))
     for name in ("back_up", "restore"):
         method = getattr(guards._SeedLayout, name)
 

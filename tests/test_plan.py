@@ -10,6 +10,7 @@ import warnings
 import pytest
 import torch
 
+import rl_graphstep.plan as plan_module
 from rl_graphstep.config import Config
 from rl_graphstep.errors import CaptureError, CompileError, ConfigError
 from rl_graphstep.plan import (
@@ -73,6 +74,26 @@ def test_the_action_stream_needs_graphs_and_on_insists() -> None:
     insisted = plan(CPU, action_stream="on")
     assert (insisted.action_stream, insisted.insist_on_action_stream) == (False, True)
     assert plan(CUDA, action_stream="auto").insist_on_action_stream is False
+
+
+@pytest.mark.parametrize(("device", "seeds", "envs", "cpus", "x86", "chosen"), [
+    (CUDA, 8, 1, 16, True, "shared"),   # a seed group on the GPU host: shared
+    (CUDA, 1, 4, 16, True, "shared"),   # several envs of one seed too
+    (CUDA, 1, 1, 16, True, "sync"),     # one env: nothing to step at once
+    (CUDA, 8, 1, 3, True, "sync"),      # too few CPUs: the workers would take turns
+    (CUDA, 8, 1, 16, False, "sync"),    # the shared env's polling needs x86-64
+    (CPU, 8, 1, 16, True, "sync"),      # eager updates on the CPU use the CPUs themselves
+])
+def test_vec_env_auto_takes_the_shared_env_where_it_measured_fastest(
+        monkeypatch: pytest.MonkeyPatch, device: torch.device, seeds: int, envs: int,
+        cpus: int, x86: bool, chosen: str) -> None:
+    monkeypatch.setattr(plan_module, "usable_cpus", lambda: cpus)
+    monkeypatch.setattr(plan_module, "ordered_stores", lambda: x86)
+    assert Config().vec_env == "auto"
+    assert plan(device, num_seeds=seeds, num_envs=envs).vec_env == chosen
+    # An explicit choice is kept whatever the machine.
+    for kind in ("sync", "async", "shared"):
+        assert plan(device, num_seeds=seeds, num_envs=envs, vec_env=kind).vec_env == kind
 
 
 def test_the_plan_keeps_the_device_env_kind_and_precision() -> None:

@@ -15,6 +15,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from rl_graphstep import runsetup
 from rl_graphstep import train as train_module
 from rl_graphstep.acting import ActionPipe
 from rl_graphstep.buffer import ReplayBuffer
@@ -56,7 +57,7 @@ def test_train_from_python_returns_a_summary(tmp_path: Path) -> None:
 def test_cpu_training_runs_on_one_thread_and_gives_the_count_back(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, torch_threads: None) -> None:
     seen = []
-    monkeypatch.setattr(train_module, "seed_everything",
+    monkeypatch.setattr(runsetup, "seed_everything",
                         lambda seed: seen.append(torch.get_num_threads()))
     summary = train(load_config(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), *SHORT]))
     assert summary["global_step"] == 400
@@ -66,7 +67,7 @@ def test_cpu_training_runs_on_one_thread_and_gives_the_count_back(
         seen.append(torch.get_num_threads())
         raise RuntimeError("the loop failed")
 
-    monkeypatch.setattr(train_module, "seed_everything", fail)
+    monkeypatch.setattr(runsetup, "seed_everything", fail)
     with pytest.raises(RuntimeError, match="the loop failed"):
         train(load_config(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), *SHORT]))
     assert seen == [1, 1] and torch.get_num_threads() == 2
@@ -74,7 +75,7 @@ def test_cpu_training_runs_on_one_thread_and_gives_the_count_back(
 
 def test_tf32_holds_for_the_run_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     seen = []
-    monkeypatch.setattr(train_module, "seed_everything",
+    monkeypatch.setattr(runsetup, "seed_everything",
                         lambda seed: seen.append(torch.get_float32_matmul_precision()))
     torch.set_float32_matmul_precision("medium")
     try:

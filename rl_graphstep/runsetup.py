@@ -1,0 +1,147 @@
+"""Setting a training run up for its loop: the run folder and its ownership, the checkpoint it
+resumes, the plan, the environments, the networks, the learner, the collector and the logs."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rl_graphstep.acting import ActionPipe, acting_policy
+from rl_graphstep.algorithms import ALGORITHMS
+from rl_graphstep.buffer import ReplayBuffer
+from rl_graphstep.checkpoint import list_checkpoints, load_checkpoint, set_aside_later
+from rl_graphstep.collector import Collector
+from rl_graphstep.compiling import updates_ahead
+from rl_graphstep.config import Config
+from rl_graphstep.console import LoopClock
+from rl_graphstep.envs import (
+    check_continuous_spaces,
+    first_reset,
+    make_vec_env,
+    seed_everything,
+)
+from rl_graphstep.errors import ConfigError
+from rl_graphstep.learners import OffPolicyLearner
+from rl_graphstep.netspec import (
+    describe_networks,
+    make_seed_networks,
+    networks_of_run,
+    record_networks,
+)
+from rl_graphstep.plan import RunPlan, plan_run
+from rl_graphstep.plugins import NetworkSpec
+from rl_graphstep.rundir import (
+    RunLock,
+    check_run_dir,
+    claim_run_dir,
+    clean_partial_saves,
+    own_run_dir,
+    run_dir_of,
+)
+from rl_graphstep.runlog import RunLog
+from rl_graphstep.runstate import Progress, restore_run
+from rl_graphstep.seeds import SeedStack
+
+Reporter = Callable[[int, list[list[float]]], None]
+"""``report(step, recent)``: each seed's recent episode returns at a log interval."""
+
+
+@dataclasses.dataclass
+class Run:
+    """Everything the loop works with, set up by :func:`set_up`."""
+
+    cfg: Config  # with the custom networks' specs as recorded
+    run_dir: Path
+    progress: Progress
+    learner: OffPolicyLearner
+    collector: Collector
+    plan: RunPlan
+    log: RunLog
+    clock: LoopClock
+    first_line: str
+    staged_actor: list[torch.Tensor] | None = None  # a resumed run's (see ActionPipe)
+    report: Reporter | None = None  # see train.train
+
+
+def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: NetworkSpec,
+           owned: contextlib.ExitStack) -> Run:
+    """The run folder (owned until ``owned`` closes), the checkpoint to resume, the plan,
+    the envs, the networks, the learner, the collector and the logs."""
+    run_dir = run_dir_of(cfg)
+    check_run_dir(run_dir)
+    # A folder named by the clock is claimed when the run starts logging (see below).
+    by_clock = not cfg.resume and not cfg.run_name
+    # Owned before the checkpoint is read and anything is checked or written in the folder.
+    if not by_clock:
+        own_run_dir(cfg, run_dir, owned)
+    resumed = (load_checkpoint(cfg.resume, env_id=cfg.env_id, algo=cfg.algo)
+               if cfg.resume else None)
+    if resumed is None and not by_clock and list_checkpoints(run_dir):
+        raise ConfigError(f"{run_dir} already holds a run with checkpoints; continue it with "
+                          "--resume or pick another --run-name")
+    # Resumed from an older checkpoint: the later ones belong to the abandoned timeline.
+    set_aside = set_aside_later(run_dir, int(resumed["global_step"])) if resumed else None
+    removed = None if by_clock else clean_partial_saves(run_dir)
+    start_step = int(resumed["global_step"]) if resumed else 0
+    plan = plan_run(cfg, device, updates_ahead=updates_ahead(
+        cfg.total_timesteps, start_step, cfg.learning_starts, cfg.num_envs,
+        cfg.updates_per_step))
+    seeds = cfg.seed_list  # a group of K seeds steps K x num_envs envs
+    seed_everything(seeds[0])
+    envs = make_vec_env(cfg.env_id, num_envs=len(seeds) * cfg.num_envs, seed=seeds[0],
+                        kind=plan.vec_env)
+    observation_space, action_space = envs.single_observation_space, envs.single_action_space
+    check_continuous_spaces(cfg.env_id, observation_space, action_space, cfg.algo)
+    observation_size, action_size = observation_space.shape[0], action_space.shape[0]
+
+    algorithm_class = ALGORITHMS[cfg.algo]
+    if resumed is not None:  # its recorded file networks are the copies in its folder
+        actor, critic = networks_of_run(cfg, resumed["config"], run_dir, actor, critic)
+    actor_net, critic_net = make_seed_networks(algorithm_class, cfg, seeds, observation_space,
+                                               action_space, device, actor, critic)
+    buffer = ReplayBuffer(cfg.buffer_size, observation_size, action_size, device,
+                          seeds=len(seeds))
+    algorithm = algorithm_class(actor_net, critic_net, cfg, action_size=action_size,
+                                device=device, seeds=len(seeds))
+    learner = OffPolicyLearner(algorithm, buffer, cfg, plan)
+    progress = Progress.of(cfg.env_id, len(seeds), cfg.num_envs)
+    if resumed is not None:
+        envs, observations = restore_run(resumed, learner, progress, envs)
+    else:
+        # Seed k's env i gets seed_k + i: the seed a run of seed k alone gives it.
+        observations = first_reset(envs, seeds[0] if len(seeds) == 1 else
+                                   [s + i for s in seeds for i in range(cfg.num_envs)])
+    collector = Collector(envs, observations, buffer, progress.nonfinite,
+                          seed_tallies=progress.tallies if progress.grouped else ())
+    if resumed is not None and learner.updates > 0 and len(buffer) < cfg.batch_size:
+        # A trained policy resumed without a batch in its buffer acts at once, eagerly,
+        # until the buffer refills one and the learner is built; nothing is captured for it.
+        collector.act_with(ActionPipe(acting_policy(algorithm, algorithm.actor),
+                                      envs.num_envs, observation_size, action_space, device))
+    if by_clock:
+        # Made here, not earlier, so that bad input leaves no empty folder behind; a run
+        # started in the same second (the name's resolution) gets a folder of its own.
+        run_dir = claim_run_dir(run_dir)
+        owned.enter_context(RunLock(run_dir))
+    cfg, custom = record_networks(cfg, run_dir, actor or cfg.actor, _first(actor_net),
+                                  critic or cfg.critic, _first(critic_net), observation_space,
+                                  action_space)
+    log = RunLog.open(cfg, run_dir, progress.global_step, resumed=bool(resumed))
+    first_line = (f"{run_dir}: {cfg.algo.upper()} on {cfg.env_id}, {device}; "
+                  f"{buffer.describe()}" + describe_networks(custom)
+                  + (f"; resumed at step {progress.global_step}" if resumed else "")
+                  + (f"; later checkpoints moved to {set_aside}" if set_aside else "")
+                  + (f"; {removed.describe()}" if removed else ""))
+    return Run(cfg, run_dir, progress, learner, collector, plan, log,
+               LoopClock(progress.global_step), first_line,
+               resumed.get("staged_actor") if resumed else None)
+
+
+def _first(network: nn.Module) -> nn.Module:
+    """A network as one seed has it: a group's first seed's (what the run records)."""
+    return network.member(0) if isinstance(network, SeedStack) else network
