@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import os
 import signal
 import sys
@@ -27,8 +28,9 @@ import yaml
 
 from rl_graphstep.aggregate import iqm, seed_means
 from rl_graphstep.checkpoint import list_checkpoints
-from rl_graphstep.config import config_to_dict
+from rl_graphstep.config import Config, config_to_dict
 from rl_graphstep.errors import ConfigError, RunFolderError, first_line
+from rl_graphstep.plan import SHARED_ENV_MIN_CPUS
 from rl_graphstep.rundir import RunLock
 from rl_graphstep.sweepfile import SweepSpec, read_sweep_file, trial_config
 
@@ -72,15 +74,22 @@ def search_space(spec: SweepSpec) -> dict[str, Any]:
     return space
 
 
+def trial_vec_env(cfg: Config, cpus: float) -> Config:
+    """``cfg`` for a trial that holds ``cpus`` CPUs: ``--vec-env auto`` becomes sync below
+    the shared env's minimum, since trials share their node's CPUs and the shared env's
+    workers would poll on the other trials' (``auto`` counts the node's CPUs, not the
+    trial's)."""
+    if cfg.vec_env == "auto" and cpus < SHARED_ENV_MIN_CPUS:
+        return dataclasses.replace(cfg, vec_env="sync")
+    return cfg
+
+
 def run_trial(params: dict[str, Any], spec: SweepSpec, sweep_dir: str) -> None:
     """One trial: train the group in its own folder (resuming it where a retry finds a
     checkpoint), reporting to Tune at each log interval and at the end."""
-    import dataclasses
-
     import ray
     from ray import tune
 
-    from rl_graphstep.plan import SHARED_ENV_MIN_CPUS
     from rl_graphstep.train import train
 
     name = tune.get_context().get_trial_id()
@@ -88,10 +97,7 @@ def run_trial(params: dict[str, Any], spec: SweepSpec, sweep_dir: str) -> None:
     folder = Path(sweep_dir) / name
     if folder.is_dir() and list_checkpoints(folder):
         cfg = dataclasses.replace(cfg, resume=str(folder))
-    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
-    if cfg.vec_env == "auto" and cpus < SHARED_ENV_MIN_CPUS:
-        # Trials share their node's CPUs: the shared env's workers would poll on the others'.
-        cfg = dataclasses.replace(cfg, vec_env="sync")
+    cfg = trial_vec_env(cfg, ray.get_runtime_context().get_assigned_resources().get("CPU", 1))
 
     node = ray.get_runtime_context().get_node_id()  # where it ran, for the results table
 
