@@ -1,8 +1,9 @@
 """The benchmark table: each algorithm on each task over its seeds, beside the published
 numbers, with one learning-curve figure per task and one across tasks.
 
-    python benchmarks/table.py collect RUN_DIR [RUN_DIR ...] [--results benchmarks/mujoco]
-    python benchmarks/table.py report [--results benchmarks/mujoco] \\
+    python benchmarks/table.py collect RUN_DIR [RUN_DIR ...] \\
+        [--results benchmarks/mujoco_results]
+    python benchmarks/table.py report [--results benchmarks/mujoco_results] \\
         [--references benchmarks/references.csv]
 
 ``collect`` reads seed-group folders (``--num-seeds K``) or single-seed run folders (pooled by
@@ -44,7 +45,8 @@ from rl_graphstep.aggregate import (
 )
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_RESULTS = HERE / "mujoco"
+# Not "mujoco": with benchmarks/ on sys.path, that folder would pass for the MuJoCo package.
+DEFAULT_RESULTS = HERE / "mujoco_results"
 DEFAULT_REFERENCES = HERE / "references.csv"
 REFERENCE_FIELDS = ["algo", "task", "source", "env_id", "steps", "mean", "std", "seeds", "what",
                     "where"]
@@ -298,7 +300,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help=f"published numbers (default {DEFAULT_REFERENCES.name})")
     for command in (gather, build):
         command.add_argument("--results", type=Path, default=DEFAULT_RESULTS,
-                             help="folder of the kept results (default benchmarks/mujoco)")
+                             help="folder of the kept results "
+                             "(default benchmarks/mujoco_results)")
     args = parser.parse_args(argv)
     try:
         if args.command == "collect":

@@ -35,6 +35,20 @@ def load(name: str) -> ModuleType:
     return importlib.import_module(name)
 
 
+# The project's imports and the benchmarks': a folder of benchmarks/ with one of these names
+# would be imported as that package (a namespace package) wherever it is not installed.
+PACKAGES = {"gymnasium", "matplotlib", "mujoco", "numpy", "optuna", "ray", "rl_graphstep",
+            "scipy", "tensorboard", "torch", "tqdm", "yaml"}
+
+
+def test_no_folder_of_benchmarks_passes_for_a_package() -> None:
+    """load() puts benchmarks/ on sys.path: a results folder named ``mujoco`` there made
+    gymnasium import it as MuJoCo on a machine without MuJoCo."""
+    folders = {path.name for path in BENCHMARKS.iterdir() if path.is_dir()}
+    assert not folders & PACKAGES
+    assert load("table").DEFAULT_RESULTS.name not in PACKAGES
+
+
 def config_table(env_id: str, algo: str, seed: int) -> str:
     return (f"| key | value |\n|---|---|\n| env_id | {env_id} |\n| algo | {algo} |\n"
             f"| seed | {seed} |")
