@@ -123,23 +123,31 @@ gym.register("FailOncePendulum-v0", entry_point=FailOncePendulum, max_episode_st
 '''
 
 
+def failing_sweep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, module: str,
+                  extra: str = "") -> Path:
+    """``<name>.yaml`` in ``tmp_path`` (the cwd from here on): one trial on the failing Pendulum
+    of ``module`` (written as ``failonce.py``, importable by Ray's workers), with ``extra``
+    base lines; returns the marker file: while it exists, the 250th step fails."""
+    (tmp_path / "failonce.py").write_text(module)
+    marker = tmp_path / "fail-marker"
+    marker.touch()
+    monkeypatch.setenv("FAIL_ONCE_MARKER", str(marker))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.chdir(tmp_path)
+    env = "env_id: failonce:FailOncePendulum-v0" + (f"\n{extra}" if extra else "")
+    (tmp_path / f"{name}.yaml").write_text(
+        SWEEP.replace("name: grid", f"name: {name}").replace("env_id: Pendulum-v1", env)
+        .replace("  policy_lr: [0.001, 0.0003]\n", "")
+        .replace("q_lr: [0.001, 0.0003]", "q_lr: [0.001]"))
+    return marker
+
+
 def test_a_failed_trial_is_retried_from_its_last_checkpoint(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("ray.tune")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    (tmp_path / "failonce.py").write_text(FAIL_ONCE)
-    marker = tmp_path / "fail-once"
-    marker.touch()
-    monkeypatch.setenv("FAIL_ONCE_MARKER", str(marker))
-    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "once.yaml").write_text(
-        SWEEP.replace("name: grid", "name: once")
-        .replace("env_id: Pendulum-v1", "env_id: failonce:FailOncePendulum-v0\n"
-                                        "  checkpoint_every: 100")
-        .replace("  policy_lr: [0.001, 0.0003]\n", "")
-        .replace("q_lr: [0.001, 0.0003]", "q_lr: [0.001]"))
+    marker = failing_sweep(tmp_path, monkeypatch, "once", FAIL_ONCE, "  checkpoint_every: 100")
     assert main(["once.yaml", "--log-dir", "runs", "--max-failures", "1"]) == 0
     assert not marker.exists()  # the first attempt failed at its 250th step
     sweep = tmp_path / "runs" / "once"
@@ -324,17 +332,7 @@ def test_asha_runs_the_grid_and_may_stop_trials_early(tmp_path: Path,
 def test_a_trial_that_always_fails_is_recorded_with_its_own_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("ray.tune")
-    (tmp_path / "failonce.py").write_text(FAIL_ONCE.replace("os.remove(MARKER)", "pass"))
-    marker = tmp_path / "fail-always"
-    marker.touch()
-    monkeypatch.setenv("FAIL_ONCE_MARKER", str(marker))
-    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "always.yaml").write_text(
-        SWEEP.replace("name: grid", "name: always")
-        .replace("env_id: Pendulum-v1", "env_id: failonce:FailOncePendulum-v0")
-        .replace("  policy_lr: [0.001, 0.0003]\n", "").replace("q_lr: [0.001, 0.0003]",
-                                                                "q_lr: [0.001]"))
+    failing_sweep(tmp_path, monkeypatch, "always", FAIL_ONCE.replace("os.remove(MARKER)", "pass"))
     assert main(["always.yaml", "--log-dir", "runs", "--max-failures", "0"]) == 1
     with (tmp_path / "runs" / "always" / "results.csv").open() as f:
         (row,) = list(csv.DictReader(f))
