@@ -97,9 +97,9 @@ def run_trial(params: dict[str, Any], spec: SweepSpec, sweep_dir: str) -> None:
     folder = Path(sweep_dir) / name
     if folder.is_dir() and list_checkpoints(folder):
         cfg = dataclasses.replace(cfg, resume=str(folder))
-    cfg = trial_vec_env(cfg, ray.get_runtime_context().get_assigned_resources().get("CPU", 1))
-
-    node = ray.get_runtime_context().get_node_id()  # where it ran, for the results table
+    context = ray.get_runtime_context()
+    cfg = trial_vec_env(cfg, context.get_assigned_resources().get("CPU", 1))
+    node = context.get_node_id()  # where it ran, for the results table
 
     def report(step: int, recent: list[list[float]], finished: bool = False) -> None:
         tune.report({**trial_metrics(recent, spec.metric), "global_step": step,

@@ -177,6 +177,7 @@ def _episode_ended(run: Run, seed: int, episodic_return: float, length: int) -> 
 
 
 def _summary(run: Run) -> dict[str, Any]:
+    """What ``train`` returns: the run's counts, returns, plan and speed (see console's lines)."""
     progress, collector = run.progress, run.collector
     updates = progress.nonfinite.updates(run.learner)
     policy = collector.policy
