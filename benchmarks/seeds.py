@@ -3,12 +3,13 @@ update timed and profiled alone.
 
 The training loop (``rl_graphstep.train.train``) runs SAC with ``--num-seeds K`` (seeds 1..K,
 one env each, one update per env step, compiled CUDA graphs) with each vector env: sync (in
-the process), async (gymnasium's, a process per env, through pipes) and shared (worker
-processes polling shared memory); steps/s and host µs count the learning phase. Every loop runs
-before any profile: the profiler slows every later CUDA call of its process. Then each K's
-update (all K seeds in one graph) is timed alone and profiled (kernels per update, their
-device time). GPU memory is the loop's peak (its buffer holds ``--steps`` rows per seed) and
-the replay buffer a seed group would hold at the default 1,000,000 rows per seed.
+the process), async (gymnasium's, a process per env, through pipes), shared (worker
+processes polling shared memory) or auto (the training default's choice for that K);
+steps/s and host µs count the learning phase. Every loop runs before any profile: the
+profiler slows every later CUDA call of its process. Then each K's update (all K seeds in
+one graph) is timed alone and profiled (kernels per update, their device time). GPU memory
+is the loop's peak (its buffer holds ``--steps`` rows per seed) and the replay buffer a seed
+group would hold at the default 1,000,000 rows per seed.
 
     python benchmarks/seeds.py --envs HalfCheetah-v5 Hopper-v5 --seeds 1 2 4 8 16 32
 
@@ -36,9 +37,10 @@ DEFAULT_ROWS = 1_000_000
 
 @dataclass
 class Loop:
-    """One loop's figures: iterations/s (each steps every seed's env once), host µs per
-    iteration, peak GPU bytes."""
+    """One loop's figures: the vector env it ran (``auto``'s choice), iterations/s (each steps
+    every seed's env once), host µs per iteration, peak GPU bytes."""
 
+    vec_env: str
     iterations: float
     host_us: float | None
     peak_bytes: int
@@ -55,7 +57,7 @@ def run_loop(env_id: str, seeds: int, vec_env: str, steps: int, learning_starts:
         torch.cuda.reset_peak_memory_stats()
     summary = train(cfg)
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else 0
-    return Loop(summary["learning_sps"], summary["host_us_per_iteration"], peak)
+    return Loop(summary["vec_env"], summary["learning_sps"], summary["host_us_per_iteration"], peak)
 
 
 def buffer_bytes(env_id: str, seeds: int) -> int:
@@ -89,7 +91,8 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32],
                         help="the group sizes K to measure")
     parser.add_argument("--vec-envs", nargs="+", default=["sync", "async", "shared"],
-                        choices=["sync", "async", "shared"])
+                        choices=["auto", "sync", "async", "shared"],
+                        help="auto: the training default's choice per K")
     parser.add_argument("--steps", type=int, default=6_000, help="env steps per seed")
     parser.add_argument("--learning-starts", type=int, default=1_000)
     parser.add_argument("--updates", type=int, default=500, help="updates timed alone per K")
@@ -106,7 +109,7 @@ def main() -> None:
         for env_id, k, vec in runs:
             loops[env_id, k, vec] = loop = run_loop(env_id, k, vec, args.steps,
                                                     args.learning_starts, args.device, log_dir)
-            print(f"  {env_id} K={k} {vec}: {loop.iterations:,.0f} iterations/s, "
+            print(f"  {env_id} K={k} {vec} ({loop.vec_env}): {loop.iterations:,.0f} iterations/s, "
                   f"{k * loop.iterations:,.0f} env steps/s in all", flush=True)
     updates = {}
     if args.device == "cuda":
@@ -124,7 +127,8 @@ def main() -> None:
             ratio = f"{loop.iterations / single.iterations:.2f}x" if single else "-"
             host = f"{loop.host_us:,.0f}" if loop.host_us is not None else "-"
             us, kernels, kernel_us = updates.get((env_id, k), (float("nan"),) * 3)
-            print(f"| {k} | {vec} | {loop.iterations:,.0f} | {k * loop.iterations:,.0f} | "
+            envs = f"{vec} ({loop.vec_env})" if vec == "auto" else vec
+            print(f"| {k} | {envs} | {loop.iterations:,.0f} | {k * loop.iterations:,.0f} | "
                   f"{ratio} | {host} | {us:,.0f} | {kernels:.0f} | {kernel_us:,.0f} | "
                   f"{loop.peak_bytes / 2**20:,.0f} | {buffer_bytes(env_id, k) / 2**30:.1f} |",
                   flush=True)

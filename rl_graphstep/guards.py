@@ -125,9 +125,9 @@ class _SeedLayout:
     """What an optimizer step over K stacked seeds changes, split by how a skip restores it.
 
     Per-seed tensors (the parameters, and state shaped as its parameter: Adam's ``exp_avg``,
-    ``exp_avg_sq``) are restored seed by seed through 0/1 masks; each dtype's masks come from
+    ``exp_avg_sq``) are restored seed by seed through 0/1 weights; each dtype's weights come from
     one gather of the (K,) ``keep`` by a precomputed index of every element's seed, so the
-    restore is a few foreach kernels whatever the number of tensors or seeds. Shared state (a
+    restore is a gather and a foreach lerp whatever the number of tensors or seeds. Shared state (a
     0-dim tensor: Adam's ``step``) is restored only when every seed skips.
     """
 
@@ -169,13 +169,12 @@ class _SeedLayout:
             torch._foreach_copy_(self.shared_backups, self.shared)
 
     def restore(self, keep: Tensor) -> None:
-        """t*keep + b*(1-keep) per seed, exact for 0/1 factors (t*1 + b*0 = t, t*0 + b*1 = b)."""
+        """lerp(t, b, 1 - keep) per seed: one gather of the weights and one foreach lerp per
+        dtype, exact at both ends (torch's lerp is ``t + w*(b - t)`` for w < 0.5, which is t at
+        w=0, and ``b - (b - t)*(1 - w)`` otherwise, which is b at w=1)."""
         for tensors, backups, seed_index in self.groups:
-            factors = keep.to(tensors[0].dtype)
-            masks = _masks(factors.index_select(0, seed_index), tensors)
-            inverses = _masks((1.0 - factors).index_select(0, seed_index), tensors)
-            torch._foreach_mul_(tensors, masks)
-            torch._foreach_addcmul_(tensors, backups, inverses)
+            weights = (1.0 - keep.to(tensors[0].dtype)).index_select(0, seed_index)
+            torch._foreach_lerp_(tensors, backups, _masks(weights, tensors))
         if self.shared:
             # One seed's step keeps the shared count's step (see NonFiniteGuard).
             stepped = keep.amax()

@@ -189,6 +189,7 @@ def _summary(run: Run) -> dict[str, Any]:
                                 if progress.recent_returns else None),
         "graph": run.plan.graphs,
         "compile": run.plan.compile,
+        "vec_env": run.plan.vec_env,
         "action_stream": policy is not None and policy.side_stream is not None,
         "skipped_transitions": sum(t.transitions for t in progress.tallies),
         "nonfinite_episodes": sum(t.episodes for t in progress.tallies),
