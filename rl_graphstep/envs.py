@@ -38,11 +38,12 @@ __all__ = [
 
 
 def make_vec_env(
-    env_id: str, *, num_envs: int = 1, seed: int, kind: str = "sync"
+    env_id: str, *, num_envs: int = 1, seed: int, kind: str = "sync", workers: int | None = None
 ) -> VectorEnv:
     """Build `num_envs` copies of `env_id` as one vector env: `kind` "sync" in this process,
     "async" in gymnasium's subprocesses (one per env, through pipes), "shared" in worker
-    processes that poll shared memory (`rl_graphstep.sharedenvs`).
+    processes that poll shared memory (`rl_graphstep.sharedenvs`; `workers` of them, by
+    default one per CPU but one).
 
     Autoreset is SAME_STEP (see the module docstring); `EpisodeStatistics` keeps the returns.
     The action space is seeded with `seed`; the env itself is not reset: the caller seeds it
@@ -60,7 +61,7 @@ def make_vec_env(
             envs = OneEnvVector([lambda: gym.make(env_id)],
                                 autoreset_mode=AutoresetMode.SAME_STEP)
         elif kind == "shared":
-            envs = SharedMemoryVectorEnv(env_id, num_envs)
+            envs = SharedMemoryVectorEnv(env_id, num_envs, workers=workers)
         else:
             with _children_ignore_ctrl_c():
                 envs = gym.make_vec(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import warnings
 from collections.abc import Iterator
 
@@ -14,7 +13,7 @@ import torch
 from rl_graphstep.compiling import compile_pays
 from rl_graphstep.config import Config
 from rl_graphstep.errors import CaptureError, CompileError, ConfigError
-from rl_graphstep.sharedenvs import ordered_stores
+from rl_graphstep.sharedenvs import default_workers, ordered_stores, usable_cpus
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +23,8 @@ class RunPlan:
     ``graph_fallback`` and ``compile_fallback`` say whether the choice was automatic, so that
     an update that cannot be captured (or compiled) runs eagerly (or uncompiled) with a
     warning instead of stopping the run; ``insist_on_action_stream``: ``--action-stream on``,
-    which warns when the action cannot run on its own stream.
+    which warns when the action cannot run on its own stream; ``env_workers``, the shared
+    env's worker processes, from the CPUs the run may use.
     """
 
     device: torch.device
@@ -37,6 +37,7 @@ class RunPlan:
     compile_fallback: bool = False
     insist_on_action_stream: bool = False
     compile_note: str = ""  # why automatic compiling chose as it did
+    env_workers: int = 1  # the shared env's worker processes
 
     def describe(self) -> str:
         """``CUDA graphs + torch.compile, action stream, sync envs, float32 matmuls``."""
@@ -57,10 +58,13 @@ def resolve_device(cfg: Config) -> torch.device:
     return torch.device(cfg.device)
 
 
-def plan_run(cfg: Config, device: torch.device, *, updates_ahead: int) -> RunPlan:
+def plan_run(cfg: Config, device: torch.device, *, updates_ahead: int,
+             cpus: int | None = None) -> RunPlan:
     """The plan ``cfg`` asks for, training on ``device``; ``updates_ahead``, the updates the
     run will still make, decides automatic compiling (a short run spends less uncompiled than
-    it would compiling)."""
+    it would compiling); ``cpus``, the CPUs the run may use (default: all this process may
+    run on), the vector env and its workers."""
+    cpus = cpus or usable_cpus()
     on_cuda = device.type == "cuda"
     if cfg.graph == "on" and not on_cuda:
         raise ConfigError(f"--graph on needs a CUDA device, but training runs on {device}; "
@@ -76,7 +80,9 @@ def plan_run(cfg: Config, device: torch.device, *, updates_ahead: int) -> RunPla
         note = f"compile auto: {'on' if compile else 'off'}, {why}"
     return RunPlan(device=device, graphs=graphs, compile=compile,
                    action_stream=cfg.action_stream != "off" and graphs,
-                   vec_env=choose_vec_env(cfg.vec_env, cfg.num_seeds * cfg.num_envs, graphs),
+                   vec_env=choose_vec_env(cfg.vec_env, cfg.num_seeds * cfg.num_envs, graphs,
+                                          cpus),
+                   env_workers=default_workers(cpus),
                    tf32=cfg.tf32,
                    graph_fallback=cfg.graph == "auto" and graphs,
                    compile_fallback=cfg.compile == "auto" and compile,
@@ -88,23 +94,17 @@ def plan_run(cfg: Config, device: torch.device, *, updates_ahead: int) -> RunPla
 SHARED_ENV_MIN_CPUS = 4
 
 
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity, where the platform has one)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def choose_vec_env(requested: str, envs: int, graphs: bool) -> str:
+def choose_vec_env(requested: str, envs: int, graphs: bool, cpus: int) -> str:
     """``requested``, or for ``auto`` the vector env measured fastest for the run: shared
     memory workers when the loop replays CUDA graphs (the host's env step is then on the
     critical path), steps several envs (K seeds x num_envs) and has the CPUs to step them at
     once on an x86-64 host (the shared env's polling needs x86's ordered stores); else sync,
-    in the process. On the H200 host (16 CPUs) shared stepped 8 HalfCheetah envs in 109 µs
-    against sync's 520, and K=8 seeds trained at 1,287 iterations/s against sync's 998."""
+    in the process; ``cpus``: the CPUs the run may use. On the H200 host (16 CPUs) shared
+    stepped 8 HalfCheetah envs in 109 µs against sync's 520, and K=8 seeds trained at 1,287
+    iterations/s against sync's 998."""
     if requested != "auto":
         return requested
-    shared = (graphs and envs > 1 and usable_cpus() >= SHARED_ENV_MIN_CPUS
+    shared = (graphs and envs > 1 and cpus >= SHARED_ENV_MIN_CPUS
               and ordered_stores())
     return "shared" if shared else "sync"
 

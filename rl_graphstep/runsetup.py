@@ -69,9 +69,10 @@ class Run:
 
 
 def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: NetworkSpec,
-           owned: contextlib.ExitStack) -> Run:
-    """The run folder (owned until ``owned`` closes), the checkpoint to resume, the plan,
-    the envs, the networks, the learner, the collector and the logs."""
+           owned: contextlib.ExitStack, cpus: int | None = None) -> Run:
+    """The run folder (owned until ``owned`` closes), the checkpoint to resume, the plan
+    (for ``cpus`` CPUs, see ``plan_run``), the envs, the networks, the learner, the collector
+    and the logs."""
     run_dir = run_dir_of(cfg)
     check_run_dir(run_dir)
     # A folder named by the clock is claimed when the run starts logging (see below).
@@ -90,11 +91,11 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     start_step = int(resumed["global_step"]) if resumed else 0
     plan = plan_run(cfg, device, updates_ahead=updates_ahead(
         cfg.total_timesteps, start_step, cfg.learning_starts, cfg.num_envs,
-        cfg.updates_per_step))
+        cfg.updates_per_step), cpus=cpus)
     seeds = cfg.seed_list  # a group of K seeds steps K x num_envs envs
     seed_everything(seeds[0])
     envs = make_vec_env(cfg.env_id, num_envs=len(seeds) * cfg.num_envs, seed=seeds[0],
-                        kind=plan.vec_env)
+                        kind=plan.vec_env, workers=plan.env_workers)
     observation_space, action_space = envs.single_observation_space, envs.single_action_space
     check_continuous_spaces(cfg.env_id, observation_space, action_space, cfg.algo)
     observation_size, action_size = observation_space.shape[0], action_space.shape[0]

@@ -135,6 +135,19 @@ def ordered_stores() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def default_workers(cpus: int) -> int:
+    """Worker processes for a run that may use ``cpus`` CPUs: one per CPU but the one the
+    training loop runs on."""
+    return max(1, cpus - 1)
+
+
 class SharedMemoryVectorEnv(VectorEnv):
     """``num_envs`` copies of ``env_id`` stepped by ``workers`` processes (at most one per env,
     by default one per CPU but one), each owning a contiguous slice of the envs.
@@ -161,7 +174,7 @@ class SharedMemoryVectorEnv(VectorEnv):
         self.metadata = {"autoreset_mode": AutoresetMode.SAME_STEP}
         self.render_mode = None
         self.env_id = env_id
-        count = workers or max(1, (os.cpu_count() or 2) - 1)
+        count = workers or default_workers(usable_cpus())
         slices = [s for s in np.array_split(np.arange(num_envs), min(count, num_envs)) if len(s)]
         self._slices = [range(int(s[0]), int(s[-1]) + 1) for s in slices]
         ctx = mp.get_context(context)

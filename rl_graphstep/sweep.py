@@ -28,9 +28,8 @@ import yaml
 
 from rl_graphstep.aggregate import iqm, seed_means
 from rl_graphstep.checkpoint import list_checkpoints
-from rl_graphstep.config import Config, config_to_dict
+from rl_graphstep.config import config_to_dict
 from rl_graphstep.errors import ConfigError, RunFolderError, first_line
-from rl_graphstep.plan import SHARED_ENV_MIN_CPUS
 from rl_graphstep.rundir import RunLock
 from rl_graphstep.sweepfile import SweepSpec, read_sweep_file, trial_config
 
@@ -74,14 +73,11 @@ def search_space(spec: SweepSpec) -> dict[str, Any]:
     return space
 
 
-def trial_vec_env(cfg: Config, cpus: float) -> Config:
-    """``cfg`` for a trial that holds ``cpus`` CPUs: ``--vec-env auto`` becomes sync below
-    the shared env's minimum, since trials share their node's CPUs and the shared env's
-    workers would poll on the other trials' (``auto`` counts the node's CPUs, not the
-    trial's)."""
-    if cfg.vec_env == "auto" and cpus < SHARED_ENV_MIN_CPUS:
-        return dataclasses.replace(cfg, vec_env="sync")
-    return cfg
+def trial_cpus(assigned: float) -> int:
+    """The CPUs a trial trains with, from the ``assigned`` share Tune gave it (at least one):
+    trials share their node's CPUs, so ``--vec-env auto`` and the shared env's workers count
+    the trial's, not the node's."""
+    return max(1, int(assigned))
 
 
 def run_trial(params: dict[str, Any], spec: SweepSpec, sweep_dir: str) -> None:
@@ -98,14 +94,14 @@ def run_trial(params: dict[str, Any], spec: SweepSpec, sweep_dir: str) -> None:
     if folder.is_dir() and list_checkpoints(folder):
         cfg = dataclasses.replace(cfg, resume=str(folder))
     context = ray.get_runtime_context()
-    cfg = trial_vec_env(cfg, context.get_assigned_resources().get("CPU", 1))
     node = context.get_node_id()  # where it ran, for the results table
 
     def report(step: int, recent: list[list[float]], finished: bool = False) -> None:
         tune.report({**trial_metrics(recent, spec.metric), "global_step": step,
                      "node_id": node, "finished": finished})
 
-    summary = train(cfg, report=report)
+    summary = train(cfg, report=report,
+                    cpus=trial_cpus(context.get_assigned_resources().get("CPU", 1)))
     report(summary["global_step"], summary["recent_returns"], finished=True)
 
 

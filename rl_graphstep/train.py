@@ -48,7 +48,7 @@ MOSTLY_SKIPPED_EXIT = 3
 
 
 def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None,
-          report: Reporter | None = None) -> dict[str, Any]:
+          report: Reporter | None = None, cpus: int | None = None) -> dict[str, Any]:
     """Train an agent as ``cfg`` says; return a summary of the run.
 
     ``actor`` and ``critic`` replace the default networks: a class (built as
@@ -56,7 +56,10 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None,
     ``package.module:Class`` / ``path/file.py:Class`` string. ``rl_graphstep.networks``
     documents the protocol they meet. With ``cfg.resume`` the run continues from the latest
     checkpoint in that folder. ``report(step, recent)``, where given, is called at each log
-    interval with every seed's recent episode returns (a sweep's progress, for one).
+    interval with every seed's recent episode returns (a sweep's progress, for one). ``cpus``:
+    the CPUs the run may use, where it shares its machine's (a sweep's trial holds a few);
+    they decide ``--vec-env auto`` and the shared env's workers. By default, every CPU the
+    process may run on.
 
     The run records the spec of each custom network in its checkpoints' config, so that
     ``--resume`` and ``evaluate`` rebuild it (``rl_graphstep.netspec`` says how). A built
@@ -69,7 +72,7 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None,
         # The run folder's lock (see own_run_dir) is released when the run ends in any way.
         with matmul_precision(cfg.tf32), loop_threads(device), \
                 contextlib.ExitStack() as owned:
-            run = set_up(cfg, device, actor, critic, owned)
+            run = set_up(cfg, device, actor, critic, owned, cpus)
             run.report = report
             # stop_requests first, so it is left last: a second Ctrl-C while the first one's
             # checkpoint is saved, the envs closed or the logs flushed is noted, not raised.

@@ -96,6 +96,21 @@ def test_vec_env_auto_takes_the_shared_env_where_it_measured_fastest(
         assert plan(device, num_seeds=seeds, num_envs=envs, vec_env=kind).vec_env == kind
 
 
+def test_a_cpu_budget_decides_auto_and_the_shared_envs_workers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that shares its machine (a sweep's trial) counts its own CPUs, not the node's."""
+    monkeypatch.setattr(plan_module, "usable_cpus", lambda: 16)
+    monkeypatch.setattr(plan_module, "ordered_stores", lambda: True)
+    group = {"num_seeds": 8}
+    assert (plan(**group).vec_env, plan(**group).env_workers) == ("shared", 15)
+    budget = plan_run(Config(**group), CUDA, updates_ahead=LONG_RUN, cpus=6)
+    assert (budget.vec_env, budget.env_workers) == ("shared", 5)
+    few = plan_run(Config(**group), CUDA, updates_ahead=LONG_RUN, cpus=3)
+    assert few.vec_env == "sync"
+    one = plan_run(Config(**group, vec_env="shared"), CUDA, updates_ahead=LONG_RUN, cpus=1)
+    assert (one.vec_env, one.env_workers) == ("shared", 1)  # as asked, on one worker
+
+
 def test_the_plan_keeps_the_device_env_kind_and_precision() -> None:
     made = plan(CPU, vec_env="async", tf32=True)
     assert (made.device, made.vec_env, made.tf32) == (CPU, "async", True)

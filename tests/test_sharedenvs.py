@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
 
+import rl_graphstep.sharedenvs as sharedenvs
+from rl_graphstep.envs import make_vec_env
 from rl_graphstep.errors import EnvError
 from rl_graphstep.sharedenvs import SharedMemoryVectorEnv
 
@@ -61,6 +63,19 @@ def test_the_same_transitions_as_the_sync_vector_env(env_id: str, num_envs: int,
                 np.testing.assert_array_equal(got[4]["final_obs"][index],
                                               want[4]["final_obs"][index])
     assert ended > 0  # the comparison went through autoresets
+
+
+def test_by_default_a_worker_per_usable_cpu_but_one(closing: list,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CPUs the process may run on (its affinity), as ``--vec-env auto`` counts them; a
+    run's own count (``train(cpus=...)``) reaches the env through ``make_vec_env``."""
+    monkeypatch.setattr(sharedenvs, "usable_cpus", lambda: 3)
+    shared = SharedMemoryVectorEnv("Pendulum-v1", 4)
+    closing.append(shared)
+    assert len(shared._processes) == 2
+    budgeted = make_vec_env("Pendulum-v1", num_envs=4, seed=0, kind="shared", workers=3)
+    closing.append(budgeted)
+    assert len(budgeted.unwrapped._processes) == 3
 
 
 def test_results_are_copies_the_next_step_does_not_rewrite(closing: list) -> None:

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_graphstep.config import Config
-from rl_graphstep.sweep import main, trial_metrics, trial_vec_env
+from rl_graphstep.sweep import main, trial_cpus, trial_metrics
 from rl_graphstep.train import main as train_main
 
 SWEEP = """
@@ -43,12 +42,9 @@ def test_the_metric_is_the_iqm_or_mean_of_the_seeds_recent_means() -> None:
     assert math.isnan(trial_metrics([[-1.0], []], "iqm")["score"])  # a seed without episodes
 
 
-def test_a_trial_with_few_cpus_steps_its_envs_in_its_process() -> None:
-    # auto would count the node's CPUs; a trial holding fewer than 4 keeps to sync.
-    assert trial_vec_env(Config(), cpus=1).vec_env == "sync"
-    assert trial_vec_env(Config(), cpus=3.5).vec_env == "sync"
-    assert trial_vec_env(Config(), cpus=4).vec_env == "auto"
-    assert trial_vec_env(Config(vec_env="shared"), cpus=1).vec_env == "shared"  # as asked
+def test_a_trial_trains_with_the_whole_cpus_it_holds() -> None:
+    # train(cpus=...) then decides --vec-env auto and the shared env's workers from them.
+    assert [trial_cpus(share) for share in (0.25, 1, 3.5, 4)] == [1, 1, 3, 4]
 
 
 def test_the_search_space_in_tunes_terms(tmp_path: Path) -> None:
