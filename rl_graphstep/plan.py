@@ -64,6 +64,8 @@ def plan_run(cfg: Config, device: torch.device, *, updates_ahead: int,
     run will still make, decides automatic compiling (a short run spends less uncompiled than
     it would compiling); ``cpus``, the CPUs the run may use (default: all this process may
     run on), the vector env and its workers."""
+    if cpus is not None and cpus < 1:
+        raise ValueError(f"cpus must be at least 1, got {cpus}")
     cpus = cpus or usable_cpus()
     on_cuda = device.type == "cuda"
     if cfg.graph == "on" and not on_cuda:

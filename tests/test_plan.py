@@ -109,6 +109,8 @@ def test_a_cpu_budget_decides_auto_and_the_shared_envs_workers(
     assert few.vec_env == "sync"
     one = plan_run(Config(**group, vec_env="shared"), CUDA, updates_ahead=LONG_RUN, cpus=1)
     assert (one.vec_env, one.env_workers) == ("shared", 1)  # as asked, on one worker
+    with pytest.raises(ValueError, match="cpus must be at least 1, got 0"):
+        plan_run(Config(**group), CUDA, updates_ahead=LONG_RUN, cpus=0)
 
 
 def test_the_plan_keeps_the_device_env_kind_and_precision() -> None:
