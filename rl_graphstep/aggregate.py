@@ -72,8 +72,6 @@ def bootstrap_interval(values: ArrayLike, statistic: Statistic = iqm, confidence
     task is this."""
     if np.asarray(values).size == 0:
         raise ValueError("bootstrap_interval of no values")
-    if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
     low, high = percentile_interval(stratified_resamples([values], statistic, resamples, rng),
                                     confidence)
     return float(low), float(high)
