@@ -49,6 +49,12 @@ def read_scalars(run_dir: Path, tag: str) -> tuple[list[int], list[float]]:
     if tag not in tags:
         present = ", ".join(tags) if tags else "none"
         raise CurveError(f"{run_dir}: no scalar tag {tag!r}; scalar tags present: {present}")
+    return last_per_step(events, tag)
+
+
+def last_per_step(events: EventAccumulator, tag: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of ``tag`` in loaded ``events``, sorted by step: events in wall-time
+    order, so where a step was written twice (a resumed run) its last value is kept."""
     by_step: dict[int, float] = {}
     for event in sorted(events.Scalars(tag), key=lambda e: e.wall_time):  # stable sort
         by_step[event.step] = event.value

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from plot_curve import last_per_step
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
@@ -104,12 +105,9 @@ def read_seed_run(run_dir: Path) -> tuple[dict[str, str], SeedCurve]:
     config = _config(run_dir, events)
     if RETURN_TAG not in events.Tags().get("scalars", []):
         raise ResultsError(f"{run_dir}: no finished episode ({RETURN_TAG!r} is missing)")
-    by_step: dict[int, float] = {}
-    for event in sorted(events.Scalars(RETURN_TAG), key=lambda e: e.wall_time):
-        by_step[event.step] = event.value
-    steps = np.array(sorted(by_step), dtype=np.int64)
+    steps, returns = last_per_step(events, RETURN_TAG)
     seed = int(config.get("seed of this run", config.get("seed", "0")))
-    return config, SeedCurve(seed, steps, np.array([by_step[s] for s in steps]))
+    return config, SeedCurve(seed, np.array(steps, dtype=np.int64), np.array(returns))
 
 
 def read_group(path: Path) -> GroupResult:
