@@ -252,13 +252,15 @@ class NonFiniteGuard:
 
     @torch.no_grad()
     def before_step(self, loss: Tensor, parameters: list[Tensor],
-                    grad_norm: Tensor | None = None) -> Tensor:
+                    grad_norm: Tensor | None = None, *, masked_step: bool = False) -> Tensor:
         """Check the update, neutralise a bad one's gradients, back up what the step changes;
         returns the 0-dim float ``keep`` (1: finite update, 0: skip). ``grad_norm``: the
         gradients' total norm when already known (a clip computed it; it is finite exactly
-        when every gradient is), saving its recomputation."""
+        when every gradient is), saving its recomputation. ``masked_step`` (K seeds only):
+        the step itself leaves the skipped seeds untouched (``maskedadam``), so nothing is
+        neutralised or backed up and :meth:`after_step` is not called."""
         if self.seeds > 1:
-            return self._before_seed_step(loss, parameters, grad_norm)
+            return self._before_seed_step(loss, parameters, grad_norm, masked_step)
         grads = [p.grad for p in parameters if p.grad is not None]
         finite = torch.isfinite(loss.detach())
         if grads:
@@ -301,7 +303,7 @@ class NonFiniteGuard:
         return layout
 
     def _before_seed_step(self, loss: Tensor, parameters: list[Tensor],
-                          grad_norm: Tensor | None) -> Tensor:
+                          grad_norm: Tensor | None, masked_step: bool) -> Tensor:
         """:meth:`before_step` seed by seed: ``loss`` and ``grad_norm`` are (K,)."""
         shape = (self.seeds,)
         if loss.shape != shape:
@@ -316,14 +318,15 @@ class NonFiniteGuard:
                 raise ValueError(f"with {self.seeds} seeds the guard takes the per-seed "
                                  f"gradient norms, shape {shape}, got {tuple(grad_norm.shape)}")
             finite = finite & torch.isfinite(grad_norm)
-            for grad in grads:
-                grad.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
-            keep = finite.to(grads[0].dtype)
-            torch._foreach_mul_(grads, [_seed_view(keep, g) for g in grads])
+            if not masked_step:
+                for grad in grads:
+                    grad.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+                keep = finite.to(grads[0].dtype)
+                torch._foreach_mul_(grads, [_seed_view(keep, g) for g in grads])
         self.skipped.add_(~finite)
         self.consecutive.mul_(~finite).add_(~finite)
         keep = finite.float()
-        if not _nothing_to_undo(keep):
+        if not masked_step and not _nothing_to_undo(keep):
             self._back_up_seeds()
         return keep
 

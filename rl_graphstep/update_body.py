@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from rl_graphstep.capture import selected_parameters
 from rl_graphstep.compiling import CompiledParts
 from rl_graphstep.guards import GradNormClip, NonFiniteGuard, SeedGradNormClip
+from rl_graphstep.maskedadam import masked_adam_step, masks_seeds
 
 if TYPE_CHECKING:
     from rl_graphstep.graphstep import GradientTransform, TensorLoss
@@ -72,10 +73,12 @@ class UpdateBody:
 
     With ``compile=True`` two parts are ``torch.compile``d (default mode), which fuses their
     many small kernels: forward + loss (its backward is compiled with it) and transform +
-    guard + optimizer step. The first call runs uncompiled: it checks the loss and creates the
-    optimizer state, so the compiled code is traced once against the state it will keep. A
-    part the compiler fails on (on its first compiled call, before it runs) stays uncompiled,
-    with a warning, and :attr:`uncompiled_parts` names it.
+    guard + optimizer step; with K seeds and torch's Adam the step there is
+    :func:`~rl_graphstep.maskedadam.masked_adam_step`, which skips a bad seed itself, without
+    the guard's backup and restore. The first call runs uncompiled: it checks the loss and
+    creates the optimizer state, so the compiled code is traced once against the state it
+    will keep. A part the compiler fails on (on its first compiled call, before it runs) stays
+    uncompiled, with a warning, and :attr:`uncompiled_parts` names it.
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class UpdateBody:
         self.module, self.optimizer, self.guard = module, optimizer, guard
         self.loss_function, self.gradient_transform = loss_function, gradient_transform
         self.parameters = selected_parameters(optimizer)
+        self._masks_seeds = masks_seeds(optimizer)
         self._parts = CompiledParts({_FORWARD_LOSS: self._forward_loss, _APPLY: self._apply},
                                     compile=compile, owner=module._get_name())
         self._first_call_done = False
@@ -122,9 +126,15 @@ class UpdateBody:
         else:
             norm = self.gradient_transform.norm if isinstance(
                 self.gradient_transform, GradNormClip) else None
-            keep = self.guard.before_step(loss, self.parameters, norm)
-            self.optimizer.step()
-            self.guard.after_step(keep)
+            # Compiled, a seed group's Adam skips a bad seed inside its own step: one fused
+            # pass instead of torch's step between the guard's backup and restore.
+            masked = self.seeds > 1 and self._masks_seeds and torch.compiler.is_compiling()
+            keep = self.guard.before_step(loss, self.parameters, norm, masked_step=masked)
+            if masked:
+                masked_adam_step(self.optimizer, keep)
+            else:
+                self.optimizer.step()
+                self.guard.after_step(keep)
 
     def __call__(self, inputs: Tensor, targets: Tensor) -> Tensor:
         # set_to_none: inside a capture, backward then allocates the gradients from the graph's

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import rl_graphstep.guards as guards
+import rl_graphstep.update_body as update_body
 from rl_graphstep.graphstep import EagerAdaptationStep
 from rl_graphstep.guards import (
     NonFiniteGuard,
@@ -245,27 +246,32 @@ def run_seed_updates(poison: dict[int, float], *, compile: bool = False
 def test_the_guard_skips_exactly_the_bad_seeds_update(compiled: bool,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """Eagerly, and traced by the compiler as a GPU run compiles it (its eager backend makes
-    no code, fast on a CPU): there the per-seed norms take their row form, and the backup and
-    restore run at every update, as they do on a GPU, but never compiled (compiled on a GPU
-    they corrupted what they restore)."""
-    real, rows, compiling = torch.compile, [], []
+    no code, fast on a CPU). Eagerly, torch's Adam steps between the guard's backup and
+    restore; traced, the per-seed norms take their row form and the masked Adam step skips
+    the bad seed itself, with no backup or restore (compiled on a GPU, those corrupted what
+    they restore)."""
+    real, rows, calls = torch.compile, [], []
     monkeypatch.setattr(torch, "compile",
                         lambda function, **kwargs: real(function, **{**kwargs, "backend": "eager"}))
     monkeypatch.setattr(guards, "_row_norms",
                         lambda grads, seeds: rows.append(seeds) or _row_norms(grads, seeds))
-    for name in ("back_up", "restore"):
-        method = getattr(guards._SeedLayout, name)
+    for owner, name in ((guards._SeedLayout, "back_up"), (guards._SeedLayout, "restore"),
+                        (update_body, "masked_adam_step")):
+        function = getattr(owner, name)
 
-        def recorded(self, *args, _method=method, _name=name):
-            compiling.append((_name, torch.compiler.is_compiling()))
-            return _method(self, *args)
-        monkeypatch.setattr(guards._SeedLayout, name, recorded)
+        def recorded(*args, _function=function, _name=name):
+            calls.append((_name, torch.compiler.is_compiling()))
+            return _function(*args)
+        monkeypatch.setattr(owner, name, recorded)
     torch._dynamo.reset()
     clean_body, clean = run_seed_updates({}, compile=compiled)
     body, guarded = run_seed_updates({1: float("nan")}, compile=compiled)
     assert bool(rows) == compiled and not body.uncompiled_parts
-    if compiled:
-        assert set(compiling) == {("back_up", False), ("restore", False)}
+    # Eagerly on the CPU only the bad update backs up and restores (see _nothing_to_undo);
+    # traced, every update after the first (uncompiled) one of each body steps masked.
+    expected = ({("masked_adam_step", True)} if compiled
+                else {("back_up", False), ("restore", False)})
+    assert set(calls) == expected
     assert body.guard is not None
     assert body.guard.skipped.tolist() == [0, 1, 0]
     for update in range(4):

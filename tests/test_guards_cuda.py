@@ -9,9 +9,11 @@ import torch
 from cudatools import DEVICE, batches, mlp, mse
 from torch import nn
 
+import rl_graphstep.update_body as update_body
 from rl_graphstep.capture import Snapshot, capturing, warm_up
 from rl_graphstep.graphstep import CudaGraphAdaptationStep, EagerAdaptationStep
 from rl_graphstep.guards import GradNormClip, NonFiniteGuard, clip_grad_norm
+from rl_graphstep.maskedadam import masked_adam_step
 from rl_graphstep.update_body import UpdateBody
 
 pytestmark = pytest.mark.cuda
@@ -91,11 +93,12 @@ def seed_batches(n: int, seed: int = 1) -> list[tuple[torch.Tensor, torch.Tensor
              scale * torch.randn(SEEDS, 32, 2, device=DEVICE, generator=g)) for _ in range(n)]
 
 
-def seed_body(module: nn.Module) -> UpdateBody:
+def seed_body(module: nn.Module, compile: bool = False) -> UpdateBody:
     optimizer = adam(module.parameters())
     return UpdateBody(module, optimizer, seed_mse,
                       clip_grad_norm(module.parameters(), 5.0, seeds=SEEDS),
-                      NonFiniteGuard(optimizer, torch.device(DEVICE), seeds=SEEDS), seeds=SEEDS)
+                      NonFiniteGuard(optimizer, torch.device(DEVICE), seeds=SEEDS), seeds=SEEDS,
+                      compile=compile)
 
 
 def captured(body: UpdateBody, inputs: torch.Tensor,
@@ -115,13 +118,20 @@ def captured(body: UpdateBody, inputs: torch.Tensor,
     return graph, static_inputs, static_targets
 
 
-def test_a_captured_seed_update_clips_and_skips_each_seed_alone() -> None:
+@pytest.mark.parametrize("compile", [False, True], ids=["plain", "compiled"])
+def test_a_captured_seed_update_clips_and_skips_each_seed_alone(
+        compile: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain, torch's Adam steps between the guard's backup and restore; compiled, the masked
+    Adam step skips the bad seed itself."""
+    masked = []
+    monkeypatch.setattr(update_body, "masked_adam_step",
+                        lambda *args: masked.append(1) or masked_adam_step(*args))
     data = seed_batches(4, seed=3)
     poisoned = data[2][1].clone()
     poisoned[1, 5, 0] = float("nan")
     runs = {}
     for name, poison in (("clean", False), ("poisoned", True)):
-        body = seed_body(StackedMLP())
+        body = seed_body(StackedMLP(), compile)
         graph, static_inputs, static_targets = captured(body, *data[0])
         history = []
         for update, (inputs, targets) in enumerate(data):
@@ -136,6 +146,7 @@ def test_a_captured_seed_update_clips_and_skips_each_seed_alone() -> None:
         eager(inputs, targets)
     clean_body, clean = runs["clean"]
     body, guarded = runs["poisoned"]
+    assert bool(masked) == compile and not body.uncompiled_parts
     assert body.guard is not None and clean_body.guard is not None
     assert body.guard.skipped.tolist() == [0, 1, 0]
     assert clean_body.guard.skipped.tolist() == [0, 0, 0]

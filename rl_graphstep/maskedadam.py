@@ -1,0 +1,50 @@
+"""Adam's step over K seeds stacked on a leading dimension that leaves the seeds the non-finite
+guard skips untouched, for the compiled seed-group update.
+
+With ``torch.optim.Adam`` a per-seed skip needs the guard's backup of every parameter and
+moment before the step and its restore after it: three passes over all of them besides
+Adam's own. Here the skip is part of the step: a kept seed gets torch's Adam update (the
+capturable form's arithmetic), a skipped one keeps its parameters and moments to the bit,
+and the compiler fuses each tensor's update into one pass. It works on the Adam's own state,
+so checkpoints and the uncompiled path (torch's step and the guard's restore) are unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def masks_seeds(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether :func:`masked_adam_step` can stand in for ``optimizer.step()``: torch's Adam
+    without the options it leaves out (AMSGrad, weight decay, maximize, differentiable)."""
+    return type(optimizer) is torch.optim.Adam and all(
+        not group["amsgrad"] and not group["maximize"] and group["weight_decay"] == 0
+        and not group["differentiable"] for group in optimizer.param_groups)
+
+
+@torch.no_grad()
+def masked_adam_step(optimizer: torch.optim.Adam, keep: Tensor) -> None:
+    """One Adam step for the seeds whose ``keep`` (K,) is 1; the others' slices of every
+    parameter and moment stay as they are. The step count is one per tensor, shared by the
+    seeds, as with the guard's restore: it advances when any seed steps."""
+    stepped = keep.amax()
+    for group in optimizer.param_groups:
+        beta1, beta2 = group["betas"]
+        lr, eps = group["lr"], group["eps"]
+        for parameter in group["params"]:
+            if parameter.grad is None:
+                continue
+            grad = parameter.grad
+            state = optimizer.state[parameter]
+            step, exp_avg, exp_avg_sq = state["step"], state["exp_avg"], state["exp_avg_sq"]
+            kept = keep.view(-1, *(1,) * (parameter.dim() - 1)) > 0
+            step.add_(stepped)
+            new_avg = exp_avg.lerp(grad, 1 - beta1)
+            new_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * grad * grad
+            step_size = lr / (1 - beta1 ** step)
+            denominator = new_avg_sq.sqrt() / (1 - beta2 ** step).sqrt() + eps
+            parameter.copy_(torch.where(kept, parameter - step_size * (new_avg / denominator),
+                                        parameter))
+            exp_avg.copy_(torch.where(kept, new_avg, exp_avg))
+            exp_avg_sq.copy_(torch.where(kept, new_avg_sq, exp_avg_sq))
