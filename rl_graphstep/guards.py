@@ -256,8 +256,8 @@ class NonFiniteGuard:
         """Check the update, neutralise a bad one's gradients, back up what the step changes;
         returns the 0-dim float ``keep`` (1: finite update, 0: skip). ``grad_norm``: the
         gradients' total norm when already known (a clip computed it; it is finite exactly
-        when every gradient is), saving its recomputation. ``masked_step`` (K seeds only):
-        the step itself leaves the skipped seeds untouched (``maskedadam``), so nothing is
+        when every gradient is), saving its recomputation. ``masked_step``: the step itself
+        leaves a skipped update (or seed) untouched (``maskedadam``), so nothing is
         neutralised or backed up and :meth:`after_step` is not called."""
         if self.seeds > 1:
             return self._before_seed_step(loss, parameters, grad_norm, masked_step)
@@ -267,13 +267,14 @@ class NonFiniteGuard:
             if grad_norm is None:
                 grad_norm = torch.stack(torch._foreach_norm(grads)).sum()
             finite = finite & torch.isfinite(grad_norm)
-            for grad in grads:
-                grad.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
-            torch._foreach_mul_(grads, finite.to(grads[0].dtype))
+            if not masked_step:
+                for grad in grads:
+                    grad.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+                torch._foreach_mul_(grads, finite.to(grads[0].dtype))
         self.skipped.add_(~finite)
         self.consecutive.mul_(~finite).add_(~finite)
         keep = finite.float()
-        if not _nothing_to_undo(keep):
+        if not masked_step and not _nothing_to_undo(keep):
             tensors, backups = self._guarded()
             torch._foreach_copy_(backups, tensors)
         return keep

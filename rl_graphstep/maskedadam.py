@@ -1,10 +1,10 @@
-"""Adam's step over K seeds stacked on a leading dimension that leaves the seeds the non-finite
-guard skips untouched, for the compiled seed-group update.
+"""Adam's step that leaves what the non-finite guard skips untouched, for the compiled update:
+one run's whole step, or the skipped seeds of K stacked on a leading dimension.
 
-With ``torch.optim.Adam`` a per-seed skip needs the guard's backup of every parameter and
-moment before the step and its restore after it: three passes over all of them besides
-Adam's own. Here the skip is part of the step: a kept seed gets torch's Adam update (the
-capturable form's arithmetic), a skipped one keeps its parameters and moments to the bit,
+With ``torch.optim.Adam`` a skip needs the guard's backup of every parameter and moment
+before the step and its restore after it: passes over all of them besides Adam's own. Here
+the skip is part of the step: a kept seed gets torch's Adam update (the capturable form's
+arithmetic), a skipped one keeps its parameters and moments to the bit,
 and the compiler fuses each tensor's update into one pass. It works on the Adam's own state,
 so checkpoints and the uncompiled path (torch's step and the guard's restore) are unchanged.
 """
@@ -27,7 +27,8 @@ def masks_seeds(optimizer: torch.optim.Optimizer) -> bool:
 def masked_adam_step(optimizer: torch.optim.Adam, keep: Tensor) -> None:
     """One Adam step for the seeds whose ``keep`` (K,) is 1; the others' slices of every
     parameter and moment stay as they are. The step count is one per tensor, shared by the
-    seeds, as with the guard's restore: it advances when any seed steps."""
+    seeds, as with the guard's restore: it advances when any seed steps. One run's ``keep``
+    is 0-dim: the whole step or nothing."""
     stepped = keep.amax()
     for group in optimizer.param_groups:
         beta1, beta2 = group["betas"]
@@ -38,7 +39,8 @@ def masked_adam_step(optimizer: torch.optim.Adam, keep: Tensor) -> None:
             grad = parameter.grad
             state = optimizer.state[parameter]
             step, exp_avg, exp_avg_sq = state["step"], state["exp_avg"], state["exp_avg_sq"]
-            kept = keep.view(-1, *(1,) * (parameter.dim() - 1)) > 0
+            kept = (keep if keep.dim() == 0
+                    else keep.view(-1, *(1,) * (parameter.dim() - 1))) > 0
             step.add_(stepped)
             new_avg = exp_avg.lerp(grad, 1 - beta1)
             new_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * grad * grad

@@ -73,12 +73,12 @@ class UpdateBody:
 
     With ``compile=True`` two parts are ``torch.compile``d (default mode), which fuses their
     many small kernels: forward + loss (its backward is compiled with it) and transform +
-    guard + optimizer step; with K seeds and torch's Adam the step there is
-    :func:`~rl_graphstep.maskedadam.masked_adam_step`, which skips a bad seed itself, without
-    the guard's backup and restore. The first call runs uncompiled: it checks the loss and
-    creates the optimizer state, so the compiled code is traced once against the state it
-    will keep. A part the compiler fails on (on its first compiled call, before it runs) stays
-    uncompiled, with a warning, and :attr:`uncompiled_parts` names it.
+    guard + optimizer step; with torch's Adam the step there is
+    :func:`~rl_graphstep.maskedadam.masked_adam_step`, which skips a bad update (or seed)
+    itself, without the guard's backup and restore. The first call runs uncompiled: it
+    checks the loss and creates the optimizer state, so the compiled code is traced once
+    against the state it will keep. A part the compiler fails on (on its first compiled call,
+    before it runs) stays uncompiled, with a warning, and :attr:`uncompiled_parts` names it.
     """
 
     def __init__(
@@ -126,9 +126,10 @@ class UpdateBody:
         else:
             norm = self.gradient_transform.norm if isinstance(
                 self.gradient_transform, GradNormClip) else None
-            # Compiled, a seed group's Adam skips a bad seed inside its own step: one fused
-            # pass instead of torch's step between the guard's backup and restore.
-            masked = self.seeds > 1 and self._masks_seeds and torch.compiler.is_compiling()
+            # Compiled, torch's Adam is replaced by one that skips a bad update (or seed) inside
+            # its own step: fused passes instead of its step between the guard's backup and
+            # restore.
+            masked = self._masks_seeds and torch.compiler.is_compiling()
             keep = self.guard.before_step(loss, self.parameters, norm, masked_step=masked)
             if masked:
                 masked_adam_step(self.optimizer, keep)

@@ -19,6 +19,7 @@ from rl_graphstep.guards import (
     clip_grad_norm,
     seed_grad_norms,
 )
+from rl_graphstep.maskedadam import masked_adam_step
 from rl_graphstep.update_body import UpdateBody
 
 
@@ -112,6 +113,37 @@ def test_a_non_finite_update_leaves_parameters_and_state_as_they_were() -> None:
     assert not torch.equal(module[0].weight, params[0])
     guard.reset()
     assert (guard.skipped.item(), guard.consecutive.item()) == (0, 0)
+
+
+def test_traced_one_run_skips_a_bad_update_in_the_masked_adam_step(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Traced as a GPU run compiles it: the masked step skips the NaN update itself (no
+    backup, no restore), and the run learns on afterwards."""
+    real, calls = torch.compile, []
+    monkeypatch.setattr(torch, "compile",
+                        lambda function, **kwargs: real(function, **{**kwargs, "backend": "eager"}))
+    monkeypatch.setattr(update_body, "masked_adam_step", lambda *args: calls.append(
+        torch.compiler.is_compiling()) or masked_adam_step(*args))
+    monkeypatch.setattr(guards.NonFiniteGuard, "after_step", lambda *args: calls.append("undo"))
+    torch._dynamo.reset()
+    module = mlp()
+    optimizer = torch.optim.Adam(module.parameters(), lr=0.1)
+    body = UpdateBody(module, optimizer, mse, clip_grad_norm(module.parameters(), 1.0),
+                      NonFiniteGuard(optimizer, torch.device("cpu")), compile=True)
+    inputs, targets = batch()
+    body(inputs, targets)  # uncompiled: creates the state
+    body(inputs, targets)
+    before = [t.clone() for p in module.parameters()
+              for t in (p, *optimizer.state[p].values())]
+    bad = targets.clone()
+    bad[2, 1] = float("nan")
+    body(inputs, bad)
+    after = [t for p in module.parameters() for t in (p, *optimizer.state[p].values())]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert body.guard is not None and body.guard.skipped.item() == 1
+    body(inputs, targets)
+    assert not torch.equal(module[0].weight, before[0]) and not body.uncompiled_parts
+    assert calls == ["undo", True, True, True]  # the first, uncompiled call: torch's step
 
 
 # --------------------------------------------------------------------------------------------

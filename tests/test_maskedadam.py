@@ -112,6 +112,29 @@ def test_non_finite_gradients_of_a_skipped_seed_reach_nothing() -> None:
         assert torch.isfinite(optimizer.state[parameter]["exp_avg"]).all()
 
 
+def test_one_run_steps_whole_or_not_at_all() -> None:
+    """A 0-dim ``keep``: one run's step, a scalar parameter included."""
+    scalar = torch.nn.Parameter(torch.tensor(0.5))
+    matrix = torch.nn.Parameter(torch.ones(2, 3))
+    masked, reference = adam([scalar, matrix]), torch.optim.Adam(
+        [torch.nn.Parameter(scalar.detach().clone()),
+         torch.nn.Parameter(matrix.detach().clone())], lr=0.01, foreach=False)
+    for keep in (1.0, 0.0, 1.0):
+        for optimizer in (masked, reference):
+            for parameter in optimizer.param_groups[0]["params"]:
+                parameter.grad = torch.full_like(parameter, 0.3)
+        before = [p.detach().clone() for p in (scalar, matrix)]
+        masked_adam_step(masked, torch.tensor(keep))
+        if keep:
+            reference.step()
+            for ours, torchs in zip((scalar, matrix), reference.param_groups[0]["params"],
+                                    strict=True):
+                torch.testing.assert_close(ours, torchs, rtol=1e-5, atol=1e-6)
+        else:
+            assert all(torch.equal(p, b) for p, b in zip((scalar, matrix), before, strict=True))
+    assert masked.state[scalar]["step"].item() == 2
+
+
 @pytest.mark.parametrize(("make", "expected"), [
     (lambda ps: torch.optim.Adam(ps), True),
     (lambda ps: torch.optim.Adam(ps, amsgrad=True), False),
