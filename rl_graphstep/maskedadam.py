@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 
-def masks_seeds(optimizer: torch.optim.Optimizer) -> bool:
+def supports_masked_step(optimizer: torch.optim.Optimizer) -> bool:
     """Whether :func:`masked_adam_step` can stand in for ``optimizer.step()``: torch's Adam
     without the options it leaves out (AMSGrad, weight decay, maximize, differentiable)."""
     return type(optimizer) is torch.optim.Adam and all(

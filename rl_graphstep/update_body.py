@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from rl_graphstep.capture import selected_parameters
 from rl_graphstep.compiling import CompiledParts
 from rl_graphstep.guards import GradNormClip, NonFiniteGuard, SeedGradNormClip
-from rl_graphstep.maskedadam import masked_adam_step, masks_seeds
+from rl_graphstep.maskedadam import masked_adam_step, supports_masked_step
 
 if TYPE_CHECKING:
     from rl_graphstep.graphstep import GradientTransform, TensorLoss
@@ -97,7 +97,7 @@ class UpdateBody:
         self.module, self.optimizer, self.guard = module, optimizer, guard
         self.loss_function, self.gradient_transform = loss_function, gradient_transform
         self.parameters = selected_parameters(optimizer)
-        self._masks_seeds = masks_seeds(optimizer)
+        self._masked_step = supports_masked_step(optimizer)
         self._parts = CompiledParts({_FORWARD_LOSS: self._forward_loss, _APPLY: self._apply},
                                     compile=compile, owner=module._get_name())
         self._first_call_done = False
@@ -129,7 +129,7 @@ class UpdateBody:
             # Compiled, torch's Adam is replaced by one that skips a bad update (or seed) inside
             # its own step: fused passes instead of its step between the guard's backup and
             # restore.
-            masked = self._masks_seeds and torch.compiler.is_compiling()
+            masked = self._masked_step and torch.compiler.is_compiling()
             keep = self.guard.before_step(loss, self.parameters, norm, masked_step=masked)
             if masked:
                 masked_adam_step(self.optimizer, keep)
