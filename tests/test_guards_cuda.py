@@ -41,11 +41,13 @@ def test_every_replay_refreshes_the_clip_norm() -> None:
     assert len(norms) == 3
 
 
-def test_a_nan_batch_is_skipped_inside_the_graph() -> None:
+@pytest.mark.parametrize("compile", [False, True], ids=["plain", "compiled"])
+def test_a_nan_batch_is_skipped_inside_the_graph(compile: bool) -> None:
+    """Plain, between the guard's backup and restore; compiled, by the masked Adam step."""
     graph_module, eager_module = mlp(), mlp()
     graph_step = CudaGraphAdaptationStep.capture(
         graph_module, adam(graph_module.parameters()), *batches(1)[0], mse, skip_nonfinite=True,
-        gradient_transform=clip_grad_norm(graph_module.parameters(), 1.0))
+        gradient_transform=clip_grad_norm(graph_module.parameters(), 1.0), compile=compile)
     eager_step = EagerAdaptationStep.capture(
         eager_module, adam(eager_module.parameters()), *batches(1)[0], mse,
         gradient_transform=clip_grad_norm(eager_module.parameters(), 1.0))
@@ -57,6 +59,7 @@ def test_a_nan_batch_is_skipped_inside_the_graph() -> None:
     for inputs, targets in good:
         eager_step(inputs, targets)
     assert graph_step.guard is not None and graph_step.guard.skipped.item() == 1
+    assert graph_step._body is not None and not graph_step._body.uncompiled_parts
     for p, q in zip(graph_module.parameters(), eager_module.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
