@@ -4,9 +4,9 @@ one run's whole step, or the skipped seeds of K stacked on a leading dimension.
 With ``torch.optim.Adam`` a skip needs the guard's backup of every parameter and moment
 before the step and its restore after it: passes over all of them besides Adam's own. Here
 the skip is part of the step: a kept seed gets torch's Adam update (the capturable form's
-arithmetic), a skipped one keeps its parameters and moments to the bit,
-and the compiler fuses each tensor's update into one pass. It works on the Adam's own state,
-so checkpoints and the uncompiled path (torch's step and the guard's restore) are unchanged.
+arithmetic), a skipped one keeps its parameters and moments to the bit, and the compiler
+fuses each tensor's update into one pass. It works on the Adam's own state, so checkpoints
+and the uncompiled path (torch's step and the guard's restore) are unchanged.
 """
 
 from __future__ import annotations
