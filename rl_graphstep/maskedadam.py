@@ -11,16 +11,27 @@ and the uncompiled path (torch's step and the guard's restore) are unchanged.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
 
 def supports_masked_step(optimizer: torch.optim.Optimizer) -> bool:
     """Whether :func:`masked_adam_step` can stand in for ``optimizer.step()``: torch's Adam
-    without the options it leaves out (AMSGrad, weight decay, maximize, differentiable)."""
+    without the options it leaves out (AMSGrad, weight decay, maximize, differentiable),
+    whose step counts live beside the parameters (CPU parameters, or a capturable or fused
+    Adam): the step count advances by the device's ``keep``, with no copy to the host."""
     return type(optimizer) is torch.optim.Adam and all(
         not group["amsgrad"] and not group["maximize"] and group["weight_decay"] == 0
-        and not group["differentiable"] for group in optimizer.param_groups)
+        and not group["differentiable"] and _steps_on_device(group)
+        for group in optimizer.param_groups)
+
+
+def _steps_on_device(group: dict[str, Any]) -> bool:
+    """Whether Adam keeps this group's step counts on its parameters' device."""
+    return bool(group["capturable"] or group["fused"]) or all(
+        parameter.device.type == "cpu" for parameter in group["params"])
 
 
 @torch.no_grad()

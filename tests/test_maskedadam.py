@@ -145,3 +145,13 @@ def test_one_run_steps_whole_or_not_at_all() -> None:
 ], ids=["adam", "amsgrad", "weight-decay", "maximize", "adamw", "sgd"])
 def test_only_plain_adam_steps_masked(make, expected: bool) -> None:
     assert supports_masked_step(make(stacked())) is expected
+
+
+@pytest.mark.parametrize(("capturable", "expected"), [(False, False), (True, True)])
+def test_a_device_adam_steps_masked_only_with_its_step_counts_on_the_device(
+        capturable: bool, expected: bool) -> None:
+    """A non-capturable Adam on a GPU counts its steps on the CPU, which the device's keep
+    cannot advance without a copy to the host (meta parameters stand in for the GPU's)."""
+    parameters = [torch.nn.Parameter(torch.empty(SEEDS, 5, device="meta"))]
+    optimizer = torch.optim.Adam(parameters, capturable=capturable, foreach=False)
+    assert supports_masked_step(optimizer) is expected
