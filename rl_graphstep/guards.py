@@ -50,7 +50,7 @@ def _check_stacked(parameters: list[Tensor], seeds: int) -> None:
             )
 
 
-def _seed_view(values: Tensor, like: Tensor) -> Tensor:
+def seed_view(values: Tensor, like: Tensor) -> Tensor:
     """``values`` (K,) shaped to broadcast over ``like``'s leading K dimension."""
     return values.view(-1, *(1,) * (like.dim() - 1))
 
@@ -106,7 +106,7 @@ class SeedGradNormClip(GradNormClip):
         norms = seed_grad_norms(grads, self.seeds)
         scale = (self.max_norm / (norms + 1e-6)).clamp_(max=1.0)
         # A list of broadcasting (K, 1, ...) factors: one multiply per gradient tensor.
-        torch._foreach_mul_(grads, [_seed_view(scale.to(g.dtype), g) for g in grads])
+        torch._foreach_mul_(grads, [seed_view(scale.to(g.dtype), g) for g in grads])
         self.norm.copy_(norms)
 
 
@@ -323,7 +323,7 @@ class NonFiniteGuard:
                 for grad in grads:
                     grad.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
                 keep = finite.to(grads[0].dtype)
-                torch._foreach_mul_(grads, [_seed_view(keep, g) for g in grads])
+                torch._foreach_mul_(grads, [seed_view(keep, g) for g in grads])
         self.skipped.add_(~finite)
         self.consecutive.mul_(~finite).add_(~finite)
         keep = finite.float()

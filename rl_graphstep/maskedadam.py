@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from rl_graphstep.guards import seed_view
+
 
 def supports_masked_step(optimizer: torch.optim.Optimizer) -> bool:
     """Whether :func:`masked_adam_step` can stand in for ``optimizer.step()``: torch's Adam
@@ -50,8 +52,7 @@ def masked_adam_step(optimizer: torch.optim.Adam, keep: Tensor) -> None:
             grad = parameter.grad
             state = optimizer.state[parameter]
             step, exp_avg, exp_avg_sq = state["step"], state["exp_avg"], state["exp_avg_sq"]
-            kept = (keep if keep.dim() == 0
-                    else keep.view(-1, *(1,) * (parameter.dim() - 1))) > 0
+            kept = (keep if keep.dim() == 0 else seed_view(keep, parameter)) > 0
             step.add_(stepped)
             new_avg = exp_avg.lerp(grad, 1 - beta1)
             new_avg_sq = exp_avg_sq * beta2 + (1 - beta2) * grad * grad
