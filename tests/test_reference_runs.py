@@ -4,9 +4,14 @@ state (a SHA-256 per tensor of the final checkpoint) and log the recorded losses
 and returns (exact float hex). A change meant to leave the numerics alone shows here that it
 did; a mismatch names the run, and the tensor or the tag and step that differ.
 
-The values depend on the torch build and on the CPU kernels it picks, so the test skips, saying
-so, where torch's version or CPU capability differ from the recording's. Re-record only when a
-change is meant to alter the numerics, and say so in the commit::
+The values depend on the torch build, on the CPU kernels it picks and on the CPU's vendor (and
+maybe model: torch's BLAS, Intel MKL, takes other paths on AMD than on Intel CPUs), so the data
+holds one recording per platform (tests/recordings.py). The runs compare against the recording
+whose torch version, CPU capability, CPU vendor and CPU model agree with this machine's (a
+recording that names no model serves every model of its vendor), and skip, saying so, where
+none does. Recording adds this platform's recording, or replaces the one made on the same
+platform, and keeps the others. Record on a new platform, or, when a change is meant to alter
+the numerics, on each recorded platform, and say so in the commit::
 
     python tests/test_reference_runs.py --record
 """
@@ -18,7 +23,6 @@ import contextlib
 import dataclasses
 import hashlib
 import itertools
-import json
 import sys
 import tempfile
 import time
@@ -36,6 +40,16 @@ import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from recordings import (  # noqa: E402
+    CHECKED,
+    cpu_platform,
+    described,
+    matching,
+    no_recording,
+    read,
+    with_recording,
+    write,
+)
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 from torch import Tensor  # noqa: E402
 
@@ -45,6 +59,7 @@ from rl_graphstep.config import Config  # noqa: E402
 from rl_graphstep.train import train  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "reference_runs.json"
+RECORD = "python tests/test_reference_runs.py --record"
 
 # Small networks and batches keep the four runs near a minute on a CPU (the eager updates'
 # time is mostly per-op overhead); the 2,000 updates after a 1,000-step warm-up run every
@@ -141,11 +156,10 @@ def reference_run(name: str, log_dir: Path) -> dict[str, Any]:
 
 
 def platform() -> dict[str, str]:
-    """What the bit-for-bit values depend on: torch's build and CPU kernels (checked), and
-    the numpy and gymnasium that step Pendulum (recorded, shown on a mismatch)."""
-    return {"torch": torch.__version__,
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "numpy": np.__version__, "gymnasium": gym.__version__}
+    """What the bit-for-bit values depend on: torch's build, its CPU kernels and the CPU's
+    vendor and model (checked, ``recordings.CHECKED``), and the numpy and gymnasium that step
+    Pendulum (recorded, shown on a mismatch)."""
+    return {**cpu_platform(), "numpy": np.__version__, "gymnasium": gym.__version__}
 
 
 def differences(recorded: dict[str, Any], got: dict[str, Any]) -> list[str]:
@@ -176,33 +190,30 @@ def _shown(point: str | None) -> str:
 
 @pytest.fixture(scope="module")
 def reference() -> dict[str, Any]:
+    """The recording made on a platform like this one (``{"platform": ..., "runs": ...}``);
+    skips where there is none."""
     if not DATA.exists():
-        pytest.fail(f"{DATA.name} is missing: record it with "
-                    f"`python tests/test_reference_runs.py --record`")
-    data = json.loads(DATA.read_text())
-    recorded, here = data["platform"], platform()
-    for key in ("torch", "cpu_capability"):
-        if recorded[key] != here[key]:
-            pytest.skip(f"reference runs were recorded with torch {recorded['torch']} on CPU "
-                        f"capability {recorded['cpu_capability']}, this is torch "
-                        f"{here['torch']} on {here['cpu_capability']}: bit-for-bit values "
-                        "differ between builds and kernels; re-record with `python "
-                        "tests/test_reference_runs.py --record` on CI's platform")
-    return data
+        pytest.fail(f"{DATA.name} is missing: record it with `{RECORD}`")
+    recordings, here = read(DATA), platform()
+    recording = matching(recordings, here)
+    if recording is None:
+        pytest.skip(no_recording(here, recordings, RECORD))
+    return recording
 
 
 @pytest.mark.parametrize("name", list(RUNS))
 def test_training_matches_the_recorded_run_bit_for_bit(name: str, reference: dict[str, Any],
                                                        tmp_path: Path) -> None:
     if name not in reference["runs"]:
-        pytest.fail(f"run {name!r} has no recording: record with "
-                    f"`python tests/test_reference_runs.py --record`")
+        pytest.fail(f"run {name!r} has no recording: record with `{RECORD}`")
     lines = differences(reference["runs"][name], reference_run(name, tmp_path))
     if lines:
-        changed = {k: v for k, v in platform().items() if reference["platform"][k] != v}
+        recorded = reference["platform"]
+        changed = {k: v for k, v in platform().items()
+                   if k not in CHECKED and recorded.get(k) != v}
         tensors = sum(line.startswith("tensor ") for line in lines)
-        pytest.fail(f"run {name} differs from its recording in {len(lines) - tensors} logged "
-                    f"points and {tensors} tensors"
+        pytest.fail(f"run {name} differs from its recording ({described(recorded)}) in "
+                    f"{len(lines) - tensors} logged points and {tensors} tensors"
                     + (f" (with numpy or gymnasium other than recorded: {changed})"
                        if changed else "") + ":\n"
                     + "\n".join(lines[:20]) + ("\n..." if len(lines) > 20 else ""),
@@ -227,22 +238,73 @@ def test_differences_name_the_tag_step_and_tensor() -> None:
     assert differences(recorded, recorded) == []
 
 
+INTEL = {"torch": "2.13.0+cpu", "cpu_capability": "AVX512", "cpu_vendor": "GenuineIntel"}
+AMD = {**INTEL, "cpu_vendor": "AuthenticAMD", "cpu_model": "25/17"}
+
+
+def test_a_platform_compares_against_the_recording_made_on_its_like() -> None:
+    assert tuple(cpu_platform()) == CHECKED
+    recordings = [{"platform": {**INTEL, "numpy": "2.4.6"}, "runs": "intel"},
+                  {"platform": {**AMD, "numpy": "2.4.6"}, "runs": "amd"}]
+    # No model in the Intel recording: every Intel model, and numpy is not checked.
+    for model in ("6/143", "6/85", "unknown"):
+        here = {**INTEL, "cpu_model": model, "numpy": "2.5.0"}
+        assert matching(recordings, here)["runs"] == "intel"
+    assert matching(recordings, AMD)["runs"] == "amd"
+    assert matching(recordings, {**AMD, "cpu_model": "25/1"}) is None
+    assert matching(recordings, {**AMD, "torch": "2.14.0+cpu"}) is None
+    assert matching(recordings, {**INTEL, "cpu_model": "6/85", "torch": "2.14.0+cpu"}) is None
+    assert matching(recordings, {**INTEL, "cpu_model": "6/85", "cpu_capability": "AVX2"}) is None
+    # The recording that names the model wins over the vendor's, whatever their order.
+    this_model = {"platform": {**INTEL, "cpu_model": "6/143"}, "runs": "intel 6/143"}
+    for listed in ([*recordings, this_model], [this_model, *recordings]):
+        assert matching(listed, {**INTEL, "cpu_model": "6/143"})["runs"] == "intel 6/143"
+        assert matching(listed, {**INTEL, "cpu_model": "6/85"})["runs"] == "intel"
+    # The data files: the recording migrated as Intel's, and this AMD EPYC's.
+    for path in (DATA, ROOT / "tests" / "data" / "v0.1.0_runs" / "old_sac_resumed_to_900.json"):
+        recorded = read(path)
+        intel = matching(recorded, {**INTEL, "cpu_model": "6/143"})
+        assert intel is recorded[0] and intel["platform"]["cpu_vendor"] == "GenuineIntel"
+        assert matching(recorded, AMD)["platform"]["cpu_vendor"] == "AuthenticAMD"
+        assert matching(recorded, {**AMD, "torch": "0.0.0"}) is None
+
+
+def test_recording_replaces_only_the_one_made_on_the_same_platform() -> None:
+    vendor = {"platform": INTEL, "runs": "intel"}
+    amd = {"platform": AMD, "runs": "amd"}
+    again = {"platform": {**AMD, "numpy": "2.5.0"}, "runs": "amd again"}
+    assert with_recording([vendor, amd], again) == [vendor, again]
+    assert with_recording([amd, vendor], again) == [again, vendor]
+    # An Intel model's recording joins the vendor's, which still serves the other models.
+    this_model = {"platform": {**INTEL, "cpu_model": "6/143"}, "runs": "intel 6/143"}
+    assert with_recording([vendor, amd], this_model) == [vendor, amd, this_model]
+    assert with_recording([], amd) == [amd]
+
+
 def record() -> None:
-    """Train every reference run and write DATA."""
+    """Train every reference run and write this platform's recording into DATA, in place of
+    the one made on the same platform or added; the others are kept."""
     runs = {}
     for name in RUNS:
         began = time.perf_counter()
         with tempfile.TemporaryDirectory() as log_dir:
             runs[name] = reference_run(name, Path(log_dir))
         print(f"recorded {name} in {time.perf_counter() - began:.1f} s", flush=True)
-    DATA.parent.mkdir(exist_ok=True)
-    DATA.write_text(json.dumps({"platform": platform(), "runs": runs}, indent=1) + "\n")
-    print(f"wrote {DATA.relative_to(ROOT)}")
+    here = platform()
+    recordings = read(DATA) if DATA.exists() else []
+    mine = {"platform": here, "runs": runs}
+    recordings = with_recording(recordings, mine)
+    write(DATA, recordings)
+    print(f"wrote this platform's recording ({described(here)}) in {DATA.relative_to(ROOT)}")
+    for other in recordings:
+        if other is not mine:
+            print(f"kept the recording for {described(other['platform'])}: if the numerics "
+                  "were meant to change, re-record it on its platform")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--record", action="store_true", required=True,
-                        help="train the reference runs and overwrite their recording")
+                        help="train the reference runs and record them for this platform")
     parser.parse_args()
     record()
