@@ -96,21 +96,17 @@ class ActionPipe:
         self._host_observations_view = self._host_inputs_view[:, :observation_size]
         self._host_noise_view = self._host_inputs_view[:, observation_size:]
         self._host_actions_view = self._host_actions.numpy()
-        self._refreshed = refresh is not None
+        self._refresh = refresh
         # The actor as it was at the last request, which the next action reads: copied on the
-        # updates' stream between the update queued before that request and the one after
-        # (``_stage``), and from there into the actor copy the policy reads (``_take``).
+        # updates' stream between the update queued before that request and the one after.
         self._staged: list[Tensor] = []
         if refresh is not None:
-            copies, originals = refresh
-            source = originals if staged is None else staged
-            if [t.shape for t in source] != [t.shape for t in originals]:
+            source = refresh[1] if staged is None else staged
+            if [t.shape for t in source] != [t.shape for t in refresh[1]]:
                 raise ValueError("staged: the saved actor tensors do not match this actor's "
                                  "(a checkpoint of another actor?)")
-            self._staged = packed_copies([t.detach().to(o.device)
-                                          for t, o in zip(source, originals, strict=True)])
-            self._take = TensorCopy(copies, self._staged)
-            self._stage = TensorCopy(self._staged, originals)
+            self._staged = [t.detach().to(o.device, copy=True)
+                            for t, o in zip(source, refresh[1], strict=True)]
         self._ready = torch.cuda.Event() if on_cuda else None
         # Fetched once: current_stream() costs more than the copies it would order.
         self._stream = torch.cuda.current_stream(device) if on_cuda else None
@@ -175,14 +171,14 @@ class ActionPipe:
         self._host_observations_view[:] = observations
         if self._noise is not None:
             self._host_noise_view[:] = np.random.standard_normal(self._noise_shape)
-        if self._refreshed:
-            self._launch_one_round_behind()
-        else:
+        if self._refresh is None:
             self._launch_in_line()
+        else:
+            self._launch_one_round_behind(*self._refresh)
         self._pending = True
 
     @torch.no_grad()
-    def _launch_one_round_behind(self) -> None:
+    def _launch_one_round_behind(self, copies: list[Tensor], originals: list[Tensor]) -> None:
         """The action from the actor staged at the last request, then the actor staged anew.
 
         Why one round behind: the actor as it is now is final only once the update queued
@@ -191,18 +187,18 @@ class ActionPipe:
         """
         side = self.side_stream
         if side is None:
-            self._take()
+            torch._foreach_copy_(copies, self._staged)
             self._launch_in_line()
         else:
             side.wait_event(self._staged_ready)
             with torch.cuda.stream(side):
-                self._take()
+                torch._foreach_copy_(copies, self._staged)
                 self._staged_taken.record(side)
                 self._launch()
                 self._ready.record(side)
             self._stream.wait_event(self._staged_taken)
         # On the updates' stream: after the updates queued so far, before the next one.
-        self._stage()
+        torch._foreach_copy_(self._staged, originals)
         if side is not None:
             self._staged_ready.record(self._stream)
 
@@ -245,74 +241,12 @@ class ActionPipe:
 
 def behaviour_copy(actor: nn.Module) -> tuple[nn.Module, tuple[list[Tensor], list[Tensor]]]:
     """A copy of ``actor`` that never learns, to act beside the updates, and ``(copies,
-    originals)``, its tensors and the actor's in pairs (``ActionPipe``'s ``refresh``). The
-    copy's tensors lie end to end in one buffer where they share a dtype (see
-    :func:`packed_copies`)."""
+    originals)``, its tensors and the actor's in pairs (``ActionPipe``'s ``refresh``)."""
     duplicate = copy.deepcopy(actor).requires_grad_(False)
     for parameter in duplicate.parameters():
         parameter.grad = None  # the copy never learns: no gradient buffers
-    copies = [*duplicate.parameters(), *duplicate.buffers()]
-    for tensor, packed in zip(copies, packed_copies(copies), strict=True):
-        tensor.data = packed
-    return duplicate, (copies, [*actor.parameters(), *actor.buffers()])
-
-
-def packed_copies(tensors: list[Tensor]) -> list[Tensor]:
-    """Copies of ``tensors`` that lie end to end in one new 1-D buffer, where they share a
-    dtype and device; separate copies otherwise. Refreshing the actor copy every step is then
-    one kernel (:class:`TensorCopy`) instead of a multi-tensor kernel, which at a few tensors
-    of 10^5 elements runs on a few blocks: 12 µs of the GPU against 2 (8 seeds' SAC actor)."""
-    if not tensors or any(t.dtype != tensors[0].dtype or t.device != tensors[0].device
-                          for t in tensors):
-        return [t.detach().clone() for t in tensors]
-    flat = torch.cat([t.detach().reshape(-1) for t in tensors])
-    views, start = [], 0
-    for t in tensors:
-        views.append(flat[start : start + t.numel()].view(t.shape))
-        start += t.numel()
-    return views
-
-
-def flat_buffer(tensors: list[Tensor]) -> Tensor | None:
-    """The 1-D tensor over the storage that ``tensors`` fill end to end, in order (as
-    :func:`packed_copies` lays them out); None when they do not."""
-    if not tensors:
-        return None
-    first = tensors[0]
-    storage, offset = first.untyped_storage(), 0
-    for t in tensors:
-        if (t.dtype != first.dtype or t.untyped_storage().data_ptr() != storage.data_ptr()
-                or t.storage_offset() != offset or not t.is_contiguous()):
-            return None
-        offset += t.numel()
-    if offset * first.element_size() != storage.nbytes():
-        return None
-    return first.detach().new_empty(0).set_(storage, 0, (offset,))
-
-
-class TensorCopy:
-    """Copies ``sources`` into ``destinations`` (equal shapes, in pairs) on the current
-    stream: one ``copy_`` when both lie end to end in one buffer each, one ``cat`` into the
-    destinations' buffer when only they do, a multi-tensor copy otherwise."""
-
-    def __init__(self, destinations: list[Tensor], sources: list[Tensor]) -> None:
-        self.destinations, self.sources = destinations, sources
-        self._into = flat_buffer(destinations)
-        self._from = flat_buffer(sources)
-        self._rows = None
-        if (self._into is not None and self._from is None
-                and all(s.is_contiguous() and s.dtype == self._into.dtype
-                        and s.device == self._into.device for s in sources)):
-            self._rows = [s.detach().view(-1) for s in sources]
-
-    @torch.no_grad()
-    def __call__(self) -> None:
-        if self._into is not None and self._from is not None:
-            self._into.copy_(self._from)
-        elif self._rows is not None:
-            torch.cat(self._rows, out=self._into)
-        else:
-            torch._foreach_copy_(self.destinations, self.sources)
+    return duplicate, ([*duplicate.parameters(), *duplicate.buffers()],
+                       [*actor.parameters(), *actor.buffers()])
 
 
 class PerSeedPolicy:

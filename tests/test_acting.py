@@ -12,14 +12,7 @@ import pytest
 import torch
 from fakes import CPU, FixedActor, LinearCritic, NoisyFixedActor, cpu_plan
 
-from rl_graphstep.acting import (
-    ActionPipe,
-    TensorCopy,
-    behaviour_copy,
-    flat_buffer,
-    packed_copies,
-    policy_pipe,
-)
+from rl_graphstep.acting import ActionPipe, behaviour_copy, policy_pipe
 from rl_graphstep.algorithms.sac import SAC
 from rl_graphstep.config import Config
 from rl_graphstep.envs import scale_action
@@ -163,9 +156,9 @@ def test_action_pipe_beside_the_updates_acts_then_stages_the_actor_anew(
         def __exit__(self, *_: object) -> None:
             current.pop(0)
 
-    copy_ = TensorCopy.__call__
-    monkeypatch.setattr(TensorCopy, "__call__",
-                        lambda self: log.append(f"refresh on {current[0]}") or copy_(self))
+    copy_ = torch._foreach_copy_
+    monkeypatch.setattr(torch, "_foreach_copy_",
+                        lambda *a, **k: log.append(f"refresh on {current[0]}") or copy_(*a, **k))
     monkeypatch.setattr(torch.cuda, "stream", StreamContext)
     pipe.graph, pipe.copies_in_graph = Graph(), True
     pipe.side_stream, pipe._stream = Stream("action stream"), Stream("updates")
@@ -213,44 +206,6 @@ def test_the_behaviour_copy_never_learns_and_pairs_its_tensors_with_the_actor_s(
                for c, o in zip(copies, originals, strict=True))
     assert not any(p.requires_grad or p.grad is not None for p in behaviour.parameters())
     assert all(p.requires_grad and p.grad is not None for p in actor.parameters())
-
-
-def test_the_behaviour_copy_lies_in_one_buffer_and_is_refreshed_by_one_copy(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The copy's float tensors lie end to end in one buffer, and so do the staged ones, so
-    refreshing either is one copy_ or one cat (counted here), with the same values as
-    copying tensor by tensor."""
-    torch.manual_seed(0)
-    actor = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
-    behaviour, (copies, originals) = behaviour_copy(actor)
-    flat = flat_buffer(copies)
-    assert flat is not None and flat.numel() == sum(t.numel() for t in originals) == 26
-    assert flat_buffer(originals) is None  # the learned actor's tensors are separate
-    staged = packed_copies(originals)
-    assert flat_buffer(staged) is not None
-    assert all(torch.equal(s, o) for s, o in zip(staged, originals, strict=True))
-    calls: list[str] = []
-    for name in ("cat", "_foreach_copy_"):
-        original = getattr(torch, name)
-        monkeypatch.setattr(torch, name, lambda *a, _o=original, _n=name, **k: calls.append(
-            _n) or _o(*a, **k))
-    with torch.no_grad():
-        for p in actor.parameters():
-            p.add_(1.0)
-    stage, take = TensorCopy(staged, originals), TensorCopy(copies, staged)
-    stage()
-    take()
-    assert calls == ["cat"]  # and one copy_ of the whole buffer for take
-    want = [p + 0 for p in actor.parameters()]
-    assert all(torch.equal(c, w) for c, w in zip(copies, want, strict=True))
-    assert all(torch.equal(b, w) for b, w in zip(behaviour.parameters(), want, strict=True))
-    # Tensors of two dtypes (a batch norm's step count) stay separate: a multi-tensor copy.
-    mixed = [torch.ones(3), torch.zeros((), dtype=torch.long)]
-    assert flat_buffer(packed_copies(mixed)) is None
-    targets = packed_copies(mixed)
-    TensorCopy(targets, [torch.full((3,), 2.0), torch.tensor(7)])()
-    assert calls[-1] == "_foreach_copy_" and targets[0].tolist() == [2.0] * 3
-    assert targets[1].item() == 7
 
 
 def test_the_policy_pipe_acts_in_line_from_the_actor_without_the_action_stream() -> None:
