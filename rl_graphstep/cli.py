@@ -106,11 +106,14 @@ def startup_guard() -> None:
     atexit.register(_ignore_ctrl_c)
 
 
-def end_startup_guard() -> None:
+def end_startup_guard() -> bool:
     """Give Ctrl-C back its usual ``KeyboardInterrupt`` (the entry's ``main`` handles that);
-    does nothing when :func:`startup_guard` was not installed."""
+    does nothing when :func:`startup_guard` was not installed. Returns whether it was: the
+    process runs as a command, not as a library."""
     if signal.getsignal(signal.SIGINT) is _interrupted_during_startup:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        return True
+    return False
 
 
 def exit_quietly(code: int) -> NoReturn:

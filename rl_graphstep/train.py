@@ -227,12 +227,17 @@ def stop_requests() -> Iterator[list[int]]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry: one clear line and exit 2 on bad input, 128+signal when stopped,
     3 when the run finished but skipped most of its updates."""
-    end_startup_guard()  # from here on a Ctrl-C is the KeyboardInterrupt handled below
+    # From here on a Ctrl-C is the KeyboardInterrupt handled below.
+    command = end_startup_guard()
     previous = signal.getsignal(signal.SIGINT)
     try:
         return _command_line(argv)
     finally:
-        _set_ctrl_c(previous)
+        # A caller's handler comes back. A command leaves Ctrl-C ignored, as the run's end
+        # left it, until exit_quietly takes it over: given back KeyboardInterrupt, a Ctrl-C
+        # held down would raise it in between, a traceback after the run's one line.
+        if not command:
+            _set_ctrl_c(previous)
 
 
 def _command_line(argv: Sequence[str] | None) -> int:
@@ -282,7 +287,14 @@ def _report(error: RLGraphstepError) -> int:
 
 def _set_ctrl_c(handler: Any) -> None:
     with contextlib.suppress(ValueError, TypeError):  # not the main thread; no handler known
-        signal.signal(signal.SIGINT, handler)
+        while True:
+            try:
+                signal.signal(signal.SIGINT, handler)
+                return
+            except KeyboardInterrupt:
+                # A Ctrl-C held down, landing while the handler changes: it is the handler
+                # being replaced that raised, so set the new one again.
+                continue
 
 
 if __name__ == "__main__":
