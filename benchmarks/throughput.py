@@ -205,10 +205,10 @@ def main() -> None:
             for mode in args.modes])
 
 
-def run_loop_learning(env_id: str, mode: str, steps: int, learning_starts: int,
-                      on_learning: Callable[[], object]) -> dict:
-    """:func:`run_loop`, calling ``on_learning()`` once the learner is built (capture and
-    compilation done), as the learning phase begins."""
+@contextlib.contextmanager
+def calling_at_learning(on_learning: Callable[[], object]) -> Iterator[None]:
+    """While inside, a training loop calls ``on_learning()`` once its learner is built
+    (capture and compilation done), as the learning phase begins."""
     import rl_graphstep.train as loop
 
     start_learning = loop._start_learning
@@ -219,10 +219,16 @@ def run_loop_learning(env_id: str, mode: str, steps: int, learning_starts: int,
 
     loop._start_learning = start_then_signal
     try:
-        with tempfile.TemporaryDirectory() as log_dir:
-            return run_loop(env_id, mode, steps, learning_starts, log_dir)
+        yield
     finally:
         loop._start_learning = start_learning
+
+
+def run_loop_learning(env_id: str, mode: str, steps: int, learning_starts: int,
+                      on_learning: Callable[[], object]) -> dict:
+    """:func:`run_loop`, calling ``on_learning()`` as the learning phase begins."""
+    with calling_at_learning(on_learning), tempfile.TemporaryDirectory() as log_dir:
+        return run_loop(env_id, mode, steps, learning_starts, log_dir)
 
 
 def profile_host(env_id: str, mode: str, steps: int, learning_starts: int) -> None:

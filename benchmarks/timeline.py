@@ -23,13 +23,14 @@ import tempfile
 from collections.abc import Callable
 
 import torch
+from throughput import build_update, calling_at_learning, profile_updates
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
-import rl_graphstep.train as loop
 from rl_graphstep.acting import ActionPipe
 from rl_graphstep.collector import Collector
 from rl_graphstep.config import load_config
+from rl_graphstep.train import train
 
 Interval = tuple[int, int]
 
@@ -79,19 +80,12 @@ def profiled_loop(cfg_args: list[str], skip: int, window: int, host: bool = True
         originals.append((owner, name, original))
         setattr(owner, name, wrapper)
 
-    start_learning = loop._start_learning
-
-    def start_then_mark(run: loop.Run) -> None:
-        start_learning(run)
-        learning[0] = True
-
     wrap(Collector, "step", "iteration", True)
     wrap(ActionPipe, "wait", "action wait", False)
-    loop._start_learning = start_then_mark
     try:
-        summary = loop.train(load_config(cfg_args))
+        with calling_at_learning(lambda: learning.__setitem__(0, True)):
+            summary = train(load_config(cfg_args))
     finally:
-        loop._start_learning = start_learning
         for owner, name, original in originals:
             setattr(owner, name, original)
     if count[0] <= skip + window:
@@ -174,8 +168,6 @@ def main() -> None:
           "over the learning phase (the window profiled included)")
     report(prof, args.window, args.top)
     if args.update_kernels:
-        from throughput import build_update, profile_updates
-
         learner = build_update(args.env, ["--num-seeds", str(args.seeds), "--graph", "on",
                                           "--compile", "on"])
         profile_updates(learner, True, f"{args.env} K={args.seeds}, the update alone")
