@@ -116,7 +116,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="CPUs Ray reserves for each trial")
     parser.add_argument("--gpus-per-trial", type=float, default=0.0,
                         help="GPUs Ray reserves for each trial: fractions pack several trials "
-                             "on one GPU")
+                             "on one GPU, where they take turns (on one GPU, more seeds per "
+                             "trial run faster)")
     parser.add_argument("--scheduler", choices=["fifo", "asha"], default="fifo",
                         help="asha stops trials that trail the others early")
     parser.add_argument("--search", choices=["variants", "optuna"], default="variants",
