@@ -99,10 +99,14 @@ def updates_awaited(mode: str) -> Iterator[None]:
         OffPolicyLearner.update = update  # type: ignore[method-assign]
 
 
-def run_loop(env_id: str, mode: str, steps: int, learning_starts: int, log_dir: str) -> dict:
+def run_loop(env_id: str, mode: str, steps: int, learning_starts: int, log_dir: str,
+             seeds: int = 1) -> dict:
+    """The training loop in ``mode`` (with ``seeds`` seeds, 1.. K, a buffer of ``steps`` rows
+    per seed); its summary."""
     cfg = load_config(["--env", env_id, *MODES[mode], "--total-timesteps", str(steps),
                        "--learning-starts", str(learning_starts), "--buffer-size", str(steps),
-                       "--log-dir", log_dir, "--no-progress", "--seed", "1"])
+                       "--log-dir", log_dir, "--no-progress", "--seed", "1",
+                       "--num-seeds", str(seeds)])
     with updates_awaited(mode):
         return train(cfg)
 
@@ -171,13 +175,16 @@ def main() -> None:
                         help="instead: profile the host side of one mode's loop (cProfile)")
     parser.add_argument("--host-split", metavar="MODE", nargs="+", choices=list(MODES),
                         help="instead: time the parts of each mode's loop (µs per env step)")
+    parser.add_argument("--num-seeds", type=int, default=1,
+                        help="seeds trained together in --profile-host and --host-split")
     args = parser.parse_args()
     if args.profile_host:
-        profile_host(args.envs[0], args.profile_host, args.steps, args.learning_starts)
+        profile_host(args.envs[0], args.profile_host, args.steps, args.learning_starts,
+                     args.num_seeds)
         return
     if args.host_split:
         for mode in args.host_split:
-            host_split(args.envs[0], mode, args.steps, args.learning_starts)
+            host_split(args.envs[0], mode, args.steps, args.learning_starts, args.num_seeds)
         return
     if not torch.cuda.is_available():
         raise SystemExit("throughput.py measures the GPU loop: it needs CUDA")
@@ -225,13 +232,14 @@ def calling_at_learning(on_learning: Callable[[], object]) -> Iterator[None]:
 
 
 def run_loop_learning(env_id: str, mode: str, steps: int, learning_starts: int,
-                      on_learning: Callable[[], object]) -> dict:
+                      on_learning: Callable[[], object], seeds: int = 1) -> dict:
     """:func:`run_loop`, calling ``on_learning()`` as the learning phase begins."""
     with calling_at_learning(on_learning), tempfile.TemporaryDirectory() as log_dir:
-        return run_loop(env_id, mode, steps, learning_starts, log_dir)
+        return run_loop(env_id, mode, steps, learning_starts, log_dir, seeds)
 
 
-def profile_host(env_id: str, mode: str, steps: int, learning_starts: int) -> None:
+def profile_host(env_id: str, mode: str, steps: int, learning_starts: int,
+                 seeds: int = 1) -> None:
     """Where the loop's host time goes during learning: cProfile from the moment the steps
     are built (compilation excluded), by own time. The profiler inflates Python-heavy
     functions, so read it as proportions."""
@@ -240,18 +248,21 @@ def profile_host(env_id: str, mode: str, steps: int, learning_starts: int) -> No
 
     profiler = cProfile.Profile()
     try:
-        summary = run_loop_learning(env_id, mode, steps, learning_starts, profiler.enable)
+        summary = run_loop_learning(env_id, mode, steps, learning_starts, profiler.enable,
+                                    seeds)
     finally:
         profiler.disable()
-    print(f"{env_id} {mode} ({' '.join(MODES[mode])}): {summary['learning_sps']:.0f} steps/s "
-          "under cProfile")
+    print(f"{env_id} {mode} ({' '.join(MODES[mode])}), {seeds} seed(s): "
+          f"{summary['learning_sps']:.0f} steps/s per seed under cProfile")
     pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
 
 
-def host_split(env_id: str, mode: str, steps: int, learning_starts: int) -> None:
-    """Wall µs per env step of the learning phase, by part of the loop: each part's calls
-    are wrapped in a timer (about 0.2 µs each), the rest is the loop's own code. Graph
-    launches are also counted alone, whoever makes them."""
+def host_split(env_id: str, mode: str, steps: int, learning_starts: int,
+               seeds: int = 1) -> None:
+    """Wall µs per env step of the learning phase (per iteration, where every seed's envs
+    step once), by part of the loop: each part's calls are wrapped in a timer (about 0.2 µs
+    each), the rest is the loop's own code. Graph launches are also counted alone, whoever
+    makes them."""
     import rl_graphstep.collector as collecting
     import rl_graphstep.train as loop
     from rl_graphstep.acting import ActionPipe
@@ -299,14 +310,14 @@ def host_split(env_id: str, mode: str, steps: int, learning_starts: int) -> None
         timed(owner, name, label)
     try:
         summary = run_loop_learning(env_id, mode, steps, learning_starts,
-                                    lambda: learning.__setitem__(0, True))
+                                    lambda: learning.__setitem__(0, True), seeds)
     finally:
         for owner, name, original in patched:
             setattr(owner, name, original)
     learning_steps = steps - learning_starts
     per_step = 1e6 / summary["learning_sps"]
-    print(f"\n{env_id} {mode}: {summary['learning_sps']:,.0f} steps/s, {per_step:,.0f} µs "
-          f"per env step, over {learning_steps} steps")
+    print(f"\n{env_id} {mode}, {seeds} seed(s): {summary['learning_sps']:,.0f} steps/s per "
+          f"seed, {per_step:,.0f} µs per env step, over {learning_steps} steps")
     parts = 0.0
     for label, total in totals.items():
         us = total / 1e3 / learning_steps
