@@ -16,6 +16,7 @@ import platform
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 # The platform's keys a recording must agree on to be compared against. A key a recording's
@@ -99,3 +100,26 @@ def write(path: Path, recordings: list[dict[str, Any]]) -> None:
     """Write ``recordings`` to the data file ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"recordings": recordings}, indent=1) + "\n")
+
+
+def recording_here(path: Path, record: str) -> dict[str, Any]:
+    """The recording in ``path`` made on a platform like this one; skips, in one line naming
+    the command ``record`` that records it, where there is none."""
+    recordings, here = read(path), cpu_platform()
+    recording = matching(recordings, here)
+    if recording is None:
+        pytest.skip(no_recording(here, recordings, record))
+    return recording
+
+
+def record_here(path: Path, recording: dict[str, Any], root: Path) -> None:
+    """Write ``recording`` (this platform's) into ``path``, in place of the one made on the
+    same platform or added, keep the others, and say so (``path`` shown from ``root``)."""
+    recordings = with_recording(read(path) if path.exists() else [], recording)
+    write(path, recordings)
+    print(f"wrote this platform's recording ({described(recording['platform'])}) in "
+          f"{path.relative_to(root)}")
+    for other in recordings:
+        if other is not recording:
+            print(f"kept the recording for {described(other['platform'])}: if the numerics "
+                  "were meant to change, re-record it on its platform")

@@ -45,10 +45,10 @@ from recordings import (  # noqa: E402
     cpu_platform,
     described,
     matching,
-    no_recording,
     read,
+    record_here,
+    recording_here,
     with_recording,
-    write,
 )
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 from torch import Tensor  # noqa: E402
@@ -194,11 +194,7 @@ def reference() -> dict[str, Any]:
     skips where there is none."""
     if not DATA.exists():
         pytest.fail(f"{DATA.name} is missing: record it with `{RECORD}`")
-    recordings, here = read(DATA), platform()
-    recording = matching(recordings, here)
-    if recording is None:
-        pytest.skip(no_recording(here, recordings, RECORD))
-    return recording
+    return recording_here(DATA, RECORD)
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -290,16 +286,7 @@ def record() -> None:
         with tempfile.TemporaryDirectory() as log_dir:
             runs[name] = reference_run(name, Path(log_dir))
         print(f"recorded {name} in {time.perf_counter() - began:.1f} s", flush=True)
-    here = platform()
-    recordings = read(DATA) if DATA.exists() else []
-    mine = {"platform": here, "runs": runs}
-    recordings = with_recording(recordings, mine)
-    write(DATA, recordings)
-    print(f"wrote this platform's recording ({described(here)}) in {DATA.relative_to(ROOT)}")
-    for other in recordings:
-        if other is not mine:
-            print(f"kept the recording for {described(other['platform'])}: if the numerics "
-                  "were meant to change, re-record it on its platform")
+    record_here(DATA, {"platform": platform(), "runs": runs}, ROOT)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import torch
-from recordings import cpu_platform, described, matching, no_recording, read, with_recording, write
+from recordings import cpu_platform, record_here, recording_here
 
 from rl_graphstep.checkpoint import load_checkpoint
 from rl_graphstep.evaluate import evaluate
@@ -68,11 +68,7 @@ def test_a_checkpoint_of_version_0_1_0_resumes_exactly_as_that_version_did(
     state = resume_to_900(run)
     assert "resumed at step 600" in capsys.readouterr().out
     assert state["config"]["vec_env"] == "sync" and "async_envs" not in state["config"]
-    recordings, here = read(RESUMED), cpu_platform()
-    recording = matching(recordings, here)
-    if recording is None:
-        pytest.skip(no_recording(here, recordings, RECORD))
-    expected, got = recording["hashes"], hashes(state["agent"])
+    expected, got = recording_here(RESUMED, RECORD)["hashes"], hashes(state["agent"])
     assert got.keys() == expected.keys()
     assert [name for name in expected if got[name] != expected[name]] == []
 
@@ -90,15 +86,8 @@ def record() -> None:
     with tempfile.TemporaryDirectory() as folder:
         run = Path(shutil.copytree(DATA / "old_sac", Path(folder) / "old_sac"))
         got = hashes(resume_to_900(run)["agent"])
-    here = cpu_platform()
-    mine = {"platform": here, "hashes": dict(sorted(got.items()))}
-    recordings = with_recording(read(RESUMED) if RESUMED.exists() else [], mine)
-    write(RESUMED, recordings)
-    print(f"wrote this platform's hashes ({described(here)}) in "
-          f"{RESUMED.relative_to(DATA.parents[2])}")
-    for other in recordings:
-        if other is not mine:
-            print(f"kept the hashes for {described(other['platform'])}")
+    record_here(RESUMED, {"platform": cpu_platform(), "hashes": dict(sorted(got.items()))},
+                DATA.parents[2])
 
 
 if __name__ == "__main__":
