@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from rl_graphstep.errors import ConfigError
 from rl_graphstep.memory import available_memory as _available_memory
 from rl_graphstep.memory import format_bytes as _format_bytes
 from rl_graphstep.memory import is_out_of_memory as _is_out_of_memory
-from rl_graphstep.ringwrite import RingWriter
+from rl_graphstep.ringwrite import RingWriter, place
 from rl_graphstep.rows import ArrayLike, RowLayout, as_columns, leading_size
 
 __all__ = ["ReplayBuffer"]
@@ -74,37 +75,39 @@ class ReplayBuffer:
             # Name the actual GPU in messages and query its memory, not "cuda".
             device = torch.device("cuda", torch.cuda.current_device())
         self._check_fits(device)
-        self.storage = self._allocate(device)
+        # The K rings end to end in one flat storage, then one spare row that takes the rows
+        # an add does not store (see ringwrite.place); `storage` views the rings alone.
+        self._flat = self._allocate(device)
+        rings = self._flat[: self.seeds * self.capacity]
+        self.storage = rings if self.seeds == 1 else rings.view(self.seeds, self.capacity,
+                                                                self.row_size)
         # The storage's device, so a bare "cuda" reads back as "cuda:0".
         self.device = self.storage.device
-        self._position = 0  # the row the next add writes first
-        self._size = 0
-        # The fill level on the device too, so a captured sampling graph reads the current one,
-        # and the write position, so a captured write graph writes at the current one.
-        counter_shape = () if self.seeds == 1 else (self.seeds,)
-        self.size_tensor = torch.zeros(counter_shape, dtype=torch.int64, device=self.device)
-        self.position_tensor = torch.zeros(counter_shape, dtype=torch.int64, device=self.device)
-        # With K seeds, the host's copies of the per-seed counters, and where each seed's ring
-        # starts in the flat (K * capacity, row) storage: (K, 1), read by the graphs.
-        self._positions = [0] * self.seeds
-        self._sizes = [0] * self.seeds
+        # The write positions and fill levels: the host's, and on the device (a captured
+        # sampling graph reads the current fill level, the write graph sets both), as views
+        # of one (2, K) tensor the write copies in one go. One seed's are 0-dim.
+        self._positions = np.zeros(self.seeds, dtype=np.int64)
+        self._sizes = np.zeros(self.seeds, dtype=np.int64)
+        self._counters = torch.zeros((2, self.seeds), dtype=torch.int64, device=self.device)
+        self.position_tensor, self.size_tensor = ((self._counters[0, 0], self._counters[1, 0])
+                                                  if self.seeds == 1 else self._counters)
+        # Where each seed's ring starts in the flat storage, (K, 1), read by the sampling.
         self._seed_starts = (torch.arange(self.seeds, device=self.device)[:, None] * self.capacity
                              if self.seeds > 1 else None)
         # Stages each add's rows on the host and writes them in (on CUDA, a captured write).
-        self._writer = RingWriter(self.storage, self.position_tensor, self.size_tensor,
-                                  self._seed_starts)
+        self._writer = RingWriter(self._flat, self._counters)
 
     def _check_fits(self, device: torch.device) -> None:
-        needed = self.seeds * self.capacity * self.row_size * self.dtype.itemsize
+        needed = (self.seeds * self.capacity + 1) * self.row_size * self.dtype.itemsize
         available = _available_memory(device)
         if available is None or needed <= available[0]:
             return
         raise self._too_big(*available)
 
     def _too_big(self, free: int, where: str) -> ConfigError:
-        row_bytes = self.seeds * self.row_size * self.dtype.itemsize  # a row in every seed
-        needed = self.capacity * row_bytes
-        fitting = free // row_bytes
+        row_bytes = self.row_size * self.dtype.itemsize
+        needed = (self.seeds * self.capacity + 1) * row_bytes
+        fitting = max(free // row_bytes - 1, 0) // self.seeds  # the spare row, then K rings
         if self.seeds == 1:
             return ConfigError(
                 f"replay buffer of {self.capacity:,} rows x {self.row_size} needs "
@@ -118,12 +121,11 @@ class ReplayBuffer:
         )
 
     def _allocate(self, device: torch.device) -> torch.Tensor:
-        """The zeroed storage; an allocation that fails after all (memory taken meanwhile,
-        or a limit the check cannot see) is the same one line as a failed check."""
-        shape = ((self.capacity, self.row_size) if self.seeds == 1
-                 else (self.seeds, self.capacity, self.row_size))
+        """The zeroed flat storage; an allocation that fails after all (memory taken
+        meanwhile, or a limit the check cannot see) is the same one line as a failed check."""
         try:
-            return torch.zeros(shape, dtype=self.dtype, device=device)
+            return torch.zeros((self.seeds * self.capacity + 1, self.row_size), dtype=self.dtype,
+                               device=device)
         except (MemoryError, RuntimeError) as error:  # torch.OutOfMemoryError is a RuntimeError
             if not _is_out_of_memory(error):
                 raise
@@ -133,7 +135,7 @@ class ReplayBuffer:
     def __len__(self) -> int:
         """Rows filled so far (at most `capacity`); with K seeds, the least filled seed's
         count, so ``len(buffer) >= batch_size`` means every seed can give a batch."""
-        return self._size if self.seeds == 1 else min(self._sizes)
+        return int(self._sizes.min())
 
     @property
     def position(self) -> int:
@@ -141,17 +143,17 @@ class ReplayBuffer:
         if self.seeds > 1:
             raise ValueError(f"a replay buffer of {self.seeds} seeds has a position per seed; "
                              f"read positions")
-        return self._position
+        return int(self._positions[0])
 
     @property
     def sizes(self) -> tuple[int, ...]:
         """Each seed's fill level (one value with one seed)."""
-        return (self._size,) if self.seeds == 1 else tuple(self._sizes)
+        return tuple(int(size) for size in self._sizes)
 
     @property
     def positions(self) -> tuple[int, ...]:
         """Each seed's next write position (one value with one seed)."""
-        return (self._position,) if self.seeds == 1 else tuple(self._positions)
+        return tuple(int(position) for position in self._positions)
 
     @property
     def nbytes(self) -> int:
@@ -182,57 +184,30 @@ class ReplayBuffer:
         `observations`/`next_observations` are (n, observation_size), `actions` is
         (n, action_size), `rewards` and `terminations` are (n,) or (n, 1). Pass terminations
         only, never `terminations | truncations`: a truncated episode must still bootstrap.
-        The rows are packed on the host and copied to the device in one transfer.
+        The rows are packed on the host, beside the slot each goes to, and copied to the
+        device in one transfer (see `ringwrite`).
 
         With K seeds the arrays hold K x n rows, seed k's envs being rows k*n .. k*n+n-1, and
         `keep` (K x n booleans; all when None) says which rows are stored: each seed appends
         its own kept rows, in order, to its own ring (n at most, none at all is fine).
         """
-        if self.seeds > 1:
-            self._add_seeds(observations, actions, rewards, next_observations, terminations,
-                            keep)
-            return
-        if keep is not None:
-            raise ValueError("keep is for a replay buffer of several seeds")
-        n = leading_size(observations)
-        staging, rows = self._writer.staging((n, self.row_size))
-        self.layout.pack(rows, observations, actions, rewards, next_observations, terminations)
-        self._writer.write(staging, self._position, self._size)
-        self._position = (self._position + n) % self.capacity
-        self._size = min(self._size + n, self.capacity)
-
-    def _add_seeds(self, observations: ArrayLike, actions: ArrayLike, rewards: ArrayLike,
-                   next_observations: ArrayLike, terminations: ArrayLike,
-                   keep: ArrayLike | None) -> None:
-        """`add` with K seeds. The staging is (K, n, row_size + 1): each seed's kept rows
-        first, then a last column that is 1 on the rows to store and 0 on the others; the
-        device writes each seed's count at its own position (`ringwrite.write_seed_rows`)."""
         total, seeds = leading_size(observations), self.seeds
+        if seeds == 1 and keep is not None:
+            raise ValueError("keep is for a replay buffer of several seeds")
         if total % seeds:
             raise ValueError(f"observations must hold {seeds} seeds x num_envs rows, got {total}")
-        n = total // seeds
-        if n > self.capacity:
-            raise ValueError(f"{n} rows per seed do not fit in a ring of {self.capacity}")
-        row_size = self.row_size
-        staging, packed = self._writer.staging((seeds, n, row_size + 1))
-        rows = packed.reshape(total, row_size + 1)  # a view: the staging is contiguous
-        self.layout.pack(rows, observations, actions, rewards, next_observations, terminations)
-        counts = [n] * seeds
-        if keep is None:
-            rows[:, row_size] = 1.0
-        else:
-            kept = as_columns("keep", keep, total, 1).reshape(seeds, n).astype(bool)
-            for seed in range(seeds):
-                block, count = packed[seed], int(kept[seed].sum())
-                if count < n:  # the kept rows first, in order
-                    block[:count] = block[kept[seed]]
-                counts[seed] = count
-                block[:count, row_size] = 1.0
-                block[count:, row_size] = 0.0
-        self._writer.write_seeds(staging)
-        for seed, count in enumerate(counts):
-            self._positions[seed] = (self._positions[seed] + count) % self.capacity
-            self._sizes[seed] = min(self._sizes[seed] + count, self.capacity)
+        if seeds > 1 and total // seeds > self.capacity:
+            raise ValueError(f"{total // seeds} rows per seed do not fit in a ring of "
+                             f"{self.capacity}")
+        kept = (None if keep is None
+                else as_columns("keep", keep, total, 1).reshape(seeds, -1).astype(bool))
+        staging = self._writer.staging(total)
+        self.layout.pack(staging.rows, observations, actions, rewards, next_observations,
+                         terminations)
+        place(self._positions, self._sizes, self.capacity, kept, staging.slots,
+              staging.counters)
+        self._writer.write()
+        self._positions[:], self._sizes[:] = staging.counters
 
     def sample(self, batch_size: int, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """Exactly `batch_size` packed rows drawn uniformly, with replacement, from the filled part.
@@ -246,7 +221,7 @@ class ReplayBuffer:
         """
         if self.seeds > 1:
             return self._sample_seeds(batch_size, out)
-        if self._size == 0:
+        if self._sizes[0] == 0:
             raise RuntimeError("cannot sample from an empty replay buffer; add transitions first")
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
@@ -257,8 +232,8 @@ class ReplayBuffer:
         return torch.index_select(self.storage, 0, index, out=out)
 
     def _sample_seeds(self, batch_size: int, out: torch.Tensor | None) -> torch.Tensor:
-        if min(self._sizes) == 0:
-            empty = self._sizes.index(0)
+        if self._sizes.min() == 0:
+            empty = int(np.flatnonzero(self._sizes == 0)[0])
             raise RuntimeError(f"cannot sample from an empty replay buffer (seed index {empty} "
                                f"holds no rows); add transitions first")
         if batch_size < 1:
@@ -282,17 +257,17 @@ class ReplayBuffer:
         K seeds: the rows up to the fullest seed's level, and positions and sizes per seed."""
         if self.seeds > 1:
             return {
-                "storage": self.storage[:, : max(self._sizes)].detach().cpu(),
-                "positions": list(self._positions),
-                "sizes": list(self._sizes),
+                "storage": self.storage[:, : max(self.sizes)].detach().cpu(),
+                "positions": list(self.positions),
+                "sizes": list(self.sizes),
                 "seeds": self.seeds,
                 "capacity": self.capacity,
                 "row_size": self.row_size,
             }
         return {
-            "storage": self.storage[: self._size].detach().cpu(),
-            "position": self._position,
-            "size": self._size,
+            "storage": self.storage[: len(self)].detach().cpu(),
+            "position": self.position,
+            "size": len(self),
             "capacity": self.capacity,
             "row_size": self.row_size,
         }
@@ -312,20 +287,13 @@ class ReplayBuffer:
                 f"{state['row_size']}, this one is {self.capacity:,} x {self.row_size}; "
                 f"resume with --buffer-size {state['capacity']} and the same environment"
             )
-        if self.seeds > 1:
-            self._load_seeds(state)
-            return
-        size = int(state["size"])
-        self.storage[:size].copy_(state["storage"])
-        self._position = int(state["position"])
-        self._size = size
-        self.size_tensor.fill_(size)
-        self.position_tensor.fill_(self._position)
-
-    def _load_seeds(self, state: dict[str, Any]) -> None:
         saved = state["storage"]
-        self.storage[:, : saved.shape[1]].copy_(saved)
-        self._positions = [int(p) for p in state["positions"]]
-        self._sizes = [int(s) for s in state["sizes"]]
-        self.size_tensor.copy_(torch.tensor(self._sizes, dtype=torch.int64))
-        self.position_tensor.copy_(torch.tensor(self._positions, dtype=torch.int64))
+        if self.seeds > 1:
+            self.storage[:, : saved.shape[1]].copy_(saved)
+            positions, sizes = state["positions"], state["sizes"]
+        else:
+            self.storage[: saved.shape[0]].copy_(saved)
+            positions, sizes = [state["position"]], [state["size"]]
+        self._positions[:] = [int(p) for p in positions]
+        self._sizes[:] = [int(s) for s in sizes]
+        self._counters.copy_(torch.from_numpy(np.stack([self._positions, self._sizes])))

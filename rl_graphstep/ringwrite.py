@@ -1,10 +1,16 @@
-"""Writing packed host rows into a replay ring on its device: two pinned staging buffers used
-in turn, and on CUDA each write one replay of a small captured graph (`write_rows`, and
-`write_seed_rows` for K seeds' rings), with a plain path where no graph can be used."""
+"""Writing packed host rows into replay rings on their device.
+
+The host knows where every row goes: each ring's position and fill level are its own
+arithmetic (`place`), so it stages, beside the rows, each row's slot in the flat storage and
+the counters after the add. The device then has nothing to compute: on CUDA a write is one
+replay of a small captured graph of one copy from pinned memory, one `index_copy_` and the
+counters' copy, whatever the number of seeds; elsewhere the same two operations run eagerly.
+"""
 
 from __future__ import annotations
 
 import warnings
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -12,113 +18,158 @@ import torch
 from rl_graphstep.capture import capture_graph
 from rl_graphstep.errors import CaptureError
 
-__all__ = ["RingWriter", "write_rows", "write_seed_rows"]
+__all__ = ["RingWriter", "Staging", "place"]
+
+
+def place(positions: np.ndarray, sizes: np.ndarray, capacity: int, kept: np.ndarray | None,
+          slots: np.ndarray, counters: np.ndarray) -> None:
+    """Where K seeds' new rows go in their rings, and the counters after they are stored.
+
+    ``positions`` and ``sizes`` are each ring's next write position and fill level, (K,).
+    ``kept`` (K, n) says which of each seed's n rows are stored (all when None); seed k's
+    stored rows go in order to its ring from its position on, wrapping at the end. Writes
+    ``slots`` (K * n,): each row's index in the flat (K * capacity + 1, row) storage, where
+    seed k's ring starts at k * capacity and the last row is a spare that takes every row not
+    stored (and the rows an add of more than a ring's length overwrites itself). Writes
+    ``counters`` (2, K): the positions, then the fill levels, after the add.
+    """
+    seeds = positions.shape[0]
+    n = slots.shape[0] // seeds
+    if seeds == 1 and kept is None and n <= capacity:
+        # One ring and every row, the single run's add: host ints, a few times faster than
+        # numpy's temporaries on a handful of rows (this is on one seed's critical path).
+        position = int(positions[0])
+        for i in range(n):
+            slots[i] = (position + i) % capacity
+        counters[0, 0] = (position + n) % capacity
+        counters[1, 0] = min(int(sizes[0]) + n, capacity)
+        return
+    starts = np.arange(seeds)[:, None] * capacity
+    if kept is None and n <= capacity:  # the common add: every row stored, none overwritten
+        flat = (positions[:, None] + np.arange(n)) % capacity + starts
+        slots[:] = flat.ravel()
+        counts = np.full(seeds, n)
+    else:
+        kept = np.ones((seeds, n), dtype=bool) if kept is None else kept
+        order = np.cumsum(kept, axis=1) - 1  # a stored row's place among its seed's
+        counts = order[:, -1] + 1 if n else np.zeros(seeds, dtype=np.int64)
+        lands = kept & (order >= counts[:, None] - capacity)  # only a ring's length lands
+        flat = (positions[:, None] + order) % capacity + starts
+        slots[:] = np.where(lands, flat, seeds * capacity).ravel()
+    counters[0] = (positions + counts) % capacity
+    counters[1] = np.minimum(sizes + counts, capacity)
+
+
+class Staging(NamedTuple):
+    """One add's host-side staging, as numpy views of one buffer: the packed ``rows``
+    (n, row_size), each row's flat ``slots`` (n,) and the ``counters`` (2, K) after the add."""
+
+    rows: np.ndarray
+    slots: np.ndarray
+    counters: np.ndarray
+
+
+class _Buffer(NamedTuple):
+    """A staging buffer's bytes with its torch and numpy views (the same layout serves the
+    host and the device copy of the bytes)."""
+
+    data: torch.Tensor
+    rows: torch.Tensor
+    slots: torch.Tensor
+    counters: torch.Tensor
+
+
+def _views(data: torch.Tensor, rows: int, row_size: int, seeds: int,
+           dtype: torch.dtype) -> _Buffer:
+    """Cut ``data`` (bytes) into rows of ``dtype``, then int64 slots and counters."""
+    row_bytes = _aligned(rows * row_size * dtype.itemsize)
+    ints = data[row_bytes:].view(torch.int64)
+    return _Buffer(data, data[: rows * row_size * dtype.itemsize].view(dtype).view(rows, row_size),
+                   ints[:rows], ints[rows:].view(2, seeds))
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // 8) * 8  # the int64 part starts on an 8-byte boundary
 
 
 class RingWriter:
-    """Stages host rows and writes them into the ring ``storage`` at its device-side positions.
+    """Stages host rows and writes them into ``flat`` (K * capacity + 1, row_size; the K
+    rings end to end, then a spare row) and the device counters ``counters`` (2, K int64: the
+    positions, then the fill levels).
 
-    Args:
-        storage: the ring, (capacity, row_size), or (K, capacity, row_size) with K seeds.
-        positions: the next write position, a 0-dim int64 device tensor (K,) with K seeds.
-        sizes: the fill level, shaped as ``positions``.
-        seed_starts: with K seeds, ``arange(K)[:, None] * capacity`` on the device (where each
-            seed's ring starts in the flat storage); None with one.
-
-    The writes advance ``positions`` and ``sizes`` on the device; the host's copies are the
-    caller's, passed to `write` where the plain path needs them.
+    Two staging buffers are used in turn: the add after next waits, rarely, for the copy that
+    read its buffer. On CUDA each buffer has a captured write (see `write`).
     """
 
-    def __init__(self, storage: torch.Tensor, positions: torch.Tensor, sizes: torch.Tensor,
-                 seed_starts: torch.Tensor | None) -> None:
-        self.storage = storage
-        self.positions = positions
-        self.sizes = sizes
-        self.seed_starts = seed_starts
-        self.device = storage.device
-        self.capacity = storage.shape[-2]
-        # On CUDA, per staging buffer, a captured write: see write.
+    def __init__(self, flat: torch.Tensor, counters: torch.Tensor) -> None:
+        self.flat = flat
+        self.counters = counters
+        self.device = flat.device
+        self.seeds = counters.shape[1]
         self.graphs: list[torch.cuda.CUDAGraph] | None = None
-        self._offsets_held: torch.Tensor | None = None  # arange(n), read by the write graphs
         self._graph_writes = True  # False once a capture failed
-        # Two pinned host staging buffers used in turn (with numpy views of them), each with
-        # the event of the last copy reading it; all made once, reused every add.
-        self._staging: list[tuple[torch.Tensor, np.ndarray, torch.cuda.Event | None]] = []
+        self._host: list[_Buffer] = []
+        self._numpy: list[Staging] = []
+        self._device: _Buffer | None = None  # on CUDA, where the graphs copy the staging to
+        self._copied: list[torch.cuda.Event | None] = [None, None]
         self._turn = 0
-        self._copied = [False, False]
         self._stream: torch.cuda.Stream | None = None
 
-    def staging(self, shape: tuple[int, ...]) -> tuple[torch.Tensor, np.ndarray]:
-        """A host tensor of `shape` (n rows, or K seeds x n rows + a flag) to pack into (and
-        its numpy view); pinned when the storage is on CUDA."""
-        if not self._staging or self._staging[0][0].shape != shape:
-            pin = self.device.type == "cuda"
-            tensors = [torch.empty(shape, dtype=self.storage.dtype, pin_memory=pin)
-                       for _ in range(2)]
-            self._staging = [(t, t.numpy(), torch.cuda.Event() if pin else None)
-                             for t in tensors]
-            # Fetched once: current_stream() costs more than the copy it orders. Adds are
-            # issued on the stream current at the first one.
-            self._stream = torch.cuda.current_stream(self.device) if pin else None
-            self._copied = [False, False]
-            self.graphs = None  # captured for the new staging buffers at first use
+    def staging(self, rows: int) -> Staging:
+        """This add's staging for ``rows`` rows in all (K seeds x n), to fill in before
+        `write`: made at the first add of that many rows, then reused."""
+        if not self._host or self._host[0].rows.shape[0] != rows:
+            self._make_staging(rows)
         self._turn ^= 1
-        rows, view, copied = self._staging[self._turn]
-        if self._copied[self._turn]:
-            # The non-blocking copy from two adds ago may still be reading these pinned rows;
-            # with two buffers in turn that copy has almost always finished, so this rarely waits.
-            assert copied is not None
+        copied = self._copied[self._turn]
+        if copied is not None:
+            # The copy of two adds ago may still be reading this pinned buffer; with two in
+            # turn it has almost always finished, so this rarely waits.
             copied.synchronize()
-        return rows, view
+        return self._numpy[self._turn]
 
-    def write(self, rows: torch.Tensor, position: int, size: int) -> None:
-        """Write the staged ``rows`` into a single ring whose host-side position and fill
-        level are ``position`` and ``size``. On CUDA that is one replay of a small captured
-        graph (the copy from pinned memory, the scatter at the device-side position, the
-        position and fill-level updates): one launch where the plain path makes three."""
-        graph = self._graph(rows.shape[0])
+    def _make_staging(self, rows: int) -> None:
+        cuda = self.device.type == "cuda"
+        row_size, dtype = self.flat.shape[1], self.flat.dtype
+        nbytes = _aligned(rows * row_size * dtype.itemsize) + 8 * (rows + 2 * self.seeds)
+        self._host = [_views(torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda),
+                             rows, row_size, self.seeds, dtype) for _ in range(2)]
+        self._numpy = [Staging(b.rows.numpy(), b.slots.numpy(), b.counters.numpy())
+                       for b in self._host]
+        self._device = (_views(torch.empty(nbytes, dtype=torch.uint8, device=self.device),
+                               rows, row_size, self.seeds, dtype) if cuda else None)
+        self._copied = [None, None]
+        self.graphs = None  # captured for the new buffers at their first write
+        # Fetched once: current_stream() costs more than the copy it orders. Adds are issued
+        # on the stream current at the first one.
+        self._stream = torch.cuda.current_stream(self.device) if cuda else None
+
+    def write(self) -> None:
+        """Write this add's staging into the rings: on CUDA one replay of a captured graph
+        (the copy from pinned memory, the `index_copy_`, the counters' copy), three
+        operations run eagerly where no graph can be used."""
+        host = self._host[self._turn]
+        graph = self._graph()
         if graph is not None:
             graph.replay()
+        elif self._device is not None:
+            self._device.data.copy_(host.data, non_blocking=True)
+            _store(self.flat, self.counters, self._device)
         else:
-            self._write_plain(rows, position, size)
-        self._record_copy()
-
-    def write_seeds(self, staged: torch.Tensor) -> None:
-        """Write the staged (K, n, row_size + 1) rows (see `write_seed_rows`): one replay of a
-        captured graph on CUDA (as `write`), the same function run eagerly elsewhere."""
-        graph = self._graph(staged.shape[1])
-        if graph is not None:
-            graph.replay()
-        else:
-            assert self.seed_starts is not None
-            write_seed_rows(self.storage, self.positions, self.sizes, staged,
-                            self._offsets(staged.shape[1]), self.seed_starts)
-        self._record_copy()
-
-    def _record_copy(self) -> None:
-        if self.device.type == "cuda":
-            event = self._staging[self._turn][2]
-            assert event is not None
+            _store(self.flat, self.counters, host)
+        if self._stream is not None:
+            event = self._copied[self._turn] or torch.cuda.Event()
             event.record(self._stream)
-            self._copied[self._turn] = True
+            self._copied[self._turn] = event
 
-    def _offsets(self, n: int) -> torch.Tensor:
-        """``arange(n)`` on the device, made once per n and held: a graph that reads it keeps
-        only its address (and freed tensors are handed out again, the write then landing
-        wherever their new data says)."""
-        if self._offsets_held is None or self._offsets_held.shape[0] != n:
-            self._offsets_held = torch.arange(n, device=self.device)
-        return self._offsets_held
-
-    def _graph(self, n: int) -> torch.cuda.CUDAGraph | None:
-        """The captured write of this add's staging buffer (captured at the first add of n
-        rows); None on the CPU, for a batch longer than the ring, or when capturing failed
-        (the plain path then writes, after a one-time warning)."""
-        if self.device.type != "cuda" or n > self.capacity or not self._graph_writes:
+    def _graph(self) -> torch.cuda.CUDAGraph | None:
+        """This turn's captured write (both captured at the first write); None off CUDA or
+        when capturing failed (the eager write then runs, after a one-time warning)."""
+        if self._device is None or not self._graph_writes:
             return None
         if self.graphs is None:
             try:
-                self.graphs = [self._capture(staging) for staging, _, _ in self._staging]
+                self.graphs = [self._capture(host) for host in self._host]
             except CaptureError as error:
                 warnings.warn(f"{error}; writing the replay buffer without a graph",
                               stacklevel=4)
@@ -126,82 +177,31 @@ class RingWriter:
                 return None
         return self.graphs[self._turn]
 
-    def _write_plain(self, rows: torch.Tensor, position: int, size: int) -> None:
-        n = rows.shape[0]
-        kept = min(n, self.capacity)  # a batch longer than the ring keeps only its last rows
-        rows = rows[n - kept :]
-        start = (position + n - kept) % self.capacity
-        non_blocking = self.device.type == "cuda"
-        if start + kept <= self.capacity:
-            self.storage[start : start + kept].copy_(rows, non_blocking=non_blocking)
-        else:
-            # The batch straddles the end: one transfer, then scatter with device-made indices.
-            on_device = rows.to(self.device, non_blocking=non_blocking)
-            index = torch.arange(start, start + kept, device=self.device) % self.capacity
-            self.storage.index_copy_(0, index, on_device)
-        self.positions.fill_((position + n) % self.capacity)
-        if size < self.capacity:
-            self.sizes.fill_(min(size + n, self.capacity))
+    def _capture(self, host: _Buffer) -> torch.cuda.CUDAGraph:
+        """A graph that copies ``host``'s bytes (pinned; read when the graph runs) to the
+        device and stores them. Warmed up on a scratch ring and counters, so capturing
+        writes nothing."""
+        device = self._device
+        assert device is not None
+        rows = host.rows.shape[0]
+        scratch_flat = torch.empty(rows + 1, self.flat.shape[1], dtype=self.flat.dtype,
+                                   device=self.device)
+        scratch = device._replace(slots=torch.zeros(rows, dtype=torch.int64, device=self.device))
 
-    def _capture(self, staging: torch.Tensor) -> torch.cuda.CUDAGraph:
-        """A graph that writes ``staging``'s rows (pinned; read when the graph runs) at the
-        device-side position. Its kernels are warmed up on scratch copies of the ring (of n
-        rows per seed), so capturing writes nothing."""
-        if self.seed_starts is not None:
-            seeds, n = staging.shape[0], staging.shape[1]
-            offsets, starts = self._offsets(n), self.seed_starts
-            scratch = (self.storage[:, :n].clone(), self.positions.clone(), self.sizes.clone(),
-                       staging, offsets, torch.arange(seeds, device=self.device)[:, None] * n)
-            graph, _ = capture_graph(
-                lambda: write_seed_rows(self.storage, self.positions, self.sizes, staging,
-                                        offsets, starts),
-                self.device, what="the replay buffer's write",
-                warmup=lambda: write_seed_rows(*scratch))
-            return graph
-        n = staging.shape[0]
-        offsets = self._offsets(n)
-        single = (self.storage[:n].clone(), self.positions.clone(), self.sizes.clone())
-        graph, _ = capture_graph(
-            lambda: write_rows(self.storage, self.positions, self.sizes, staging, offsets),
-            self.device, what="the replay buffer's write",
-            warmup=lambda: write_rows(*single, staging, offsets))
+        def write() -> None:
+            device.data.copy_(host.data, non_blocking=True)
+            _store(self.flat, self.counters, device)
+
+        def warmup() -> None:
+            device.data.copy_(host.data, non_blocking=True)
+            _store(scratch_flat, self.counters.clone(), scratch)
+
+        graph, _ = capture_graph(write, self.device, what="the replay buffer's write",
+                                 warmup=warmup)
         return graph
 
 
-def write_rows(storage: torch.Tensor, position: torch.Tensor, size: torch.Tensor,
-               rows: torch.Tensor, offsets: torch.Tensor) -> None:
-    """Write ``rows`` (n, row_size; at most the ring's length, on any device) into the ring
-    ``storage`` from the device-side ``position`` on, wrapping at the end, then advance
-    ``position`` and the fill level ``size`` (0-dim int64 tensors). ``offsets`` is
-    ``arange(n)`` on the storage's device. No host value is read: a graph can record it."""
-    capacity = storage.shape[0]
-    index = (position + offsets) % capacity
-    storage.index_copy_(0, index, rows.to(storage.device, non_blocking=True))
-    position.copy_((position + rows.shape[0]) % capacity)
-    size.copy_((size + rows.shape[0]).clamp(max=capacity))
-
-
-def write_seed_rows(storage: torch.Tensor, positions: torch.Tensor, sizes: torch.Tensor,
-                    staged: torch.Tensor, offsets: torch.Tensor,
-                    seed_starts: torch.Tensor) -> None:
-    """Write K seeds' rows into their rings, each seed its own count at its own position.
-
-    ``storage`` is (K, capacity, row_size), ``positions`` and ``sizes`` (K,) int64 tensors.
-    ``staged`` (K, n, row_size + 1; n at most the capacity; on any device) holds per seed its
-    rows to store first, and in its last column 1 on those and 0 on the others. ``offsets`` is
-    ``arange(n)`` and ``seed_starts`` ``arange(K)[:, None] * capacity``, on the storage's
-    device. A row not stored writes back the ring's own value at the slot it would have
-    taken: every index is then distinct (the write is deterministic) and no other seed's slot
-    is touched. No host value is read: a graph can record it.
-    """
-    seeds, capacity, row_size = storage.shape
-    staged = staged.to(storage.device, non_blocking=True)
-    stored = staged[..., row_size:] > 0.5  # (K, n, 1)
-    index = ((positions[:, None] + offsets) % capacity + seed_starts).view(-1)
-    flat = storage.view(seeds * capacity, row_size)
-    rows = torch.where(stored.view(-1, 1), staged[..., :row_size].reshape(-1, row_size),
-                       flat.index_select(0, index))
-    flat.index_copy_(0, index, rows)
-    counts = stored.view(seeds, -1).sum(dim=1)
-    positions.copy_((positions + counts) % capacity)
-    sizes.copy_((sizes + counts).clamp(max=capacity))
+def _store(flat: torch.Tensor, counters: torch.Tensor, staged: _Buffer) -> None:
+    """The device's whole part of an add: the rows to their slots, the new counters."""
+    flat.index_copy_(0, staged.slots, staged.rows)
+    counters.copy_(staged.counters)

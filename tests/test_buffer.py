@@ -144,13 +144,13 @@ def test_too_big_for_memory(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         buffer_module, "_available_memory", lambda device: (2**30, "cpu has 1.0 GiB free")
     )
-    # 100M rows x 10 float32 = 3.7 GiB
+    # 100M rows x 10 float32 = 3.7 GiB; 2**30 // (10 * 4) - 1 rows fit (with the spare row)
     with pytest.raises(ConfigError) as info:
         ReplayBuffer(100_000_000, OBS, ACT, "cpu")
     message = str(info.value)
     assert "3.7 GiB" in message
     assert "cpu has 1.0 GiB free" in message
-    assert "--buffer-size (at most 26,843,545 fit)" in message
+    assert "--buffer-size (at most 26,843,544 fit)" in message
     assert "\n" not in message
 
 

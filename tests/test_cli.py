@@ -256,7 +256,7 @@ def test_the_cpu_buffer_check_uses_available_memory(monkeypatch: pytest.MonkeyPa
     assert (free, where) == (2**30, "this machine has 1.0 GiB of memory available")
     with pytest.raises(ConfigError, match=r"needs 3\.7 GiB but this machine has 1\.0 GiB of "
                                           r"memory available; use a smaller --buffer-size "
-                                          r"\(at most 26,843,545 fit\)"):
+                                          r"\(at most 26,843,544 fit\)"):
         ReplayBuffer(100_000_000, 3, 2, "cpu")  # rows of 10 float32
 
 
@@ -272,7 +272,7 @@ def test_a_failed_buffer_allocation_is_the_same_line(monkeypatch: pytest.MonkeyP
         ReplayBuffer(1000, 3, 2, "cpu")
     assert str(info.value) == ("replay buffer of 1,000 rows x 10 needs 0.0 GiB but lots and "
                                "the allocation failed; use a smaller --buffer-size (at most "
-                               "27,487,790,694 fit)")
+                               "27,487,790,693 fit)")
 
 
 # What the rl-graphstep-train console script runs (pyproject.toml's project.scripts).

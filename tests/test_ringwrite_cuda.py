@@ -1,5 +1,5 @@
 """GPU tests of the ring's writes: each add replays a captured write that ends as the CPU
-write does, for one ring and for K seeds' rings, and a capture that fails writes plainly."""
+write does, for one ring and for K seeds' rings, and a capture that fails writes eagerly."""
 
 from __future__ import annotations
 
@@ -49,11 +49,13 @@ def test_cuda_adds_replay_a_write_graph_that_equals_the_plain_write(n: int) -> N
     torch.testing.assert_close(replay.storage.cpu(), reference.storage, rtol=0, atol=0)
     assert replay.position_tensor.item() == replay.position == reference.position
     assert replay.size_tensor.item() == len(replay) == 7
-    # A batch longer than the ring takes the plain path and keeps the device counters right.
+    # A batch longer than the ring (a staging of its own, its graphs captured anew) keeps its
+    # last rows, as on the CPU, and keeps the device counters right.
     replay.add(*batch(1000, 9))
     reference.add(*batch(1000, 9))
     torch.testing.assert_close(replay.storage.cpu(), reference.storage, rtol=0, atol=0)
     assert replay.position_tensor.item() == replay.position == reference.position
+    assert replay._writer.graphs is not None
 
 
 def test_cuda_adds_write_plainly_when_the_write_cannot_be_captured(
