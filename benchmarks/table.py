@@ -248,7 +248,7 @@ def plot_aggregate(path: Path, scores: dict[str, list[np.ndarray]]) -> None:
             tasks, lambda draws, axis: performance_profile(draws, thresholds, axis=axis)))
         right.fill_between(thresholds, band[0], band[1], color=color, alpha=0.2, linewidth=0)
         right.plot(thresholds, profile, color=color, linewidth=2,
-                   label=f"{algo.upper()} ({len(tasks)} tasks)")
+                   label=f"{algo.upper()} ({len(tasks)} task{'s' if len(tasks) > 1 else ''})")
     left.set_yticks(range(len(algos)), [a.upper() for a in algos])
     left.axvline(1.0, color="black", linestyle="--", linewidth=1)
     left.set_xlabel("IQM of return / published mean (95% CI)")
