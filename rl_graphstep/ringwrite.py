@@ -30,8 +30,9 @@ def place(positions: np.ndarray, sizes: np.ndarray, capacity: int, kept: np.ndar
     stored rows go in order to its ring from its position on, wrapping at the end. Writes
     ``slots`` (K * n,): each row's index in the flat (K * capacity + 1, row) storage, where
     seed k's ring starts at k * capacity and the last row is a spare that takes every row not
-    stored (and the rows an add of more than a ring's length overwrites itself). Writes
-    ``counters`` (2, K): the positions, then the fill levels, after the add.
+    stored (and the rows an add of more than a ring's length overwrites itself); no sample
+    reads it, so which of its rows the write keeps does not matter. Writes ``counters``
+    (2, K): the positions, then the fill levels, after the add.
     """
     seeds = positions.shape[0]
     n = slots.shape[0] // seeds
@@ -70,8 +71,8 @@ class Staging(NamedTuple):
 
 
 class _Buffer(NamedTuple):
-    """A staging buffer's bytes with its torch and numpy views (the same layout serves the
-    host and the device copy of the bytes)."""
+    """A staging buffer's bytes and its torch views of them (the same layout serves the host
+    buffer and its device copy)."""
 
     data: torch.Tensor
     rows: torch.Tensor
