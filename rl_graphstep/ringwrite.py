@@ -154,8 +154,7 @@ class RingWriter:
         if graph is not None:
             graph.replay()
         elif self._device is not None:
-            self._device.data.copy_(host.data, non_blocking=True)
-            _store(self.flat, self.counters, self._device)
+            _upload(host, self._device, self.flat, self.counters)
         else:
             _store(self.flat, self.counters, host)
         if self._stream is not None:
@@ -189,17 +188,17 @@ class RingWriter:
                                    device=self.device)
         scratch = device._replace(slots=torch.zeros(rows, dtype=torch.int64, device=self.device))
 
-        def write() -> None:
-            device.data.copy_(host.data, non_blocking=True)
-            _store(self.flat, self.counters, device)
-
-        def warmup() -> None:
-            device.data.copy_(host.data, non_blocking=True)
-            _store(scratch_flat, self.counters.clone(), scratch)
-
-        graph, _ = capture_graph(write, self.device, what="the replay buffer's write",
-                                 warmup=warmup)
+        graph, _ = capture_graph(
+            lambda: _upload(host, device, self.flat, self.counters), self.device,
+            what="the replay buffer's write",
+            warmup=lambda: _upload(host, scratch, scratch_flat, self.counters.clone()))
         return graph
+
+
+def _upload(host: _Buffer, device: _Buffer, flat: torch.Tensor, counters: torch.Tensor) -> None:
+    """An add on CUDA: the staging's bytes from pinned memory to ``device``, then `_store`."""
+    device.data.copy_(host.data, non_blocking=True)
+    _store(flat, counters, device)
 
 
 def _store(flat: torch.Tensor, counters: torch.Tensor, staged: _Buffer) -> None:
