@@ -213,7 +213,7 @@ def test_a_sweep_on_a_two_node_cluster_retries_a_killed_worker(tmp_path: Path) -
     a head and a second node of one CPU each. The trials run on both, and the one whose worker
     process is killed is retried from its checkpoint and finishes."""
     pytest.importorskip("ray.tune")
-    import json
+    import contextlib
     import signal
     import socket
     import subprocess
@@ -244,14 +244,20 @@ def test_a_sweep_on_a_two_node_cluster_retries_a_killed_worker(tmp_path: Path) -
              "--address", address, "--max-failures", "2"],
             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         sweep = tmp_path / "runs" / "grid"
-        killed = None
+        killed = None  # the trial id whose training process was killed
         deadline = time.monotonic() + 180
         while killed is None and time.monotonic() < deadline and driver.poll() is None:
-            for result in sweep.glob(".tune/grid/*/result.json"):
-                lines = result.read_text().splitlines()
-                if lines and json.loads(lines[-1])["global_step"] >= 400:
-                    killed = json.loads(lines[-1])
-                    os.kill(killed["pid"], signal.SIGKILL)  # the trial's worker process
+            # A trial under way: its folder holds a checkpoint at step 400 or later and its
+            # lock (gone once it has ended) names its training process, Ray's worker.
+            for lock in sweep.glob("*/.lock"):
+                steps = [int(p.stem.removeprefix("step_"))
+                         for p in lock.parent.glob("checkpoints/step_*.pt")]
+                if not steps or not 400 <= max(steps) < 1000:
+                    continue
+                with contextlib.suppress(OSError, ValueError, IndexError):  # just released
+                    pid = int(lock.read_text().split()[0])
+                    os.kill(pid, signal.SIGKILL)
+                    killed = lock.parent.name
                     break
             time.sleep(0.1)
         _, stderr = driver.communicate(timeout=300)
@@ -264,7 +270,7 @@ def test_a_sweep_on_a_two_node_cluster_retries_a_killed_worker(tmp_path: Path) -
         assert len({r["node"] for r in rows}) == 2  # both nodes ran trials
         # Finished without an error: its retry resumed its folder (one from scratch is refused,
         # the folder holding a run with checkpoints).
-        assert killed["trial_id"] in {r["trial"] for r in rows}
+        assert killed in {r["trial"] for r in rows}
     finally:
         subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
 
