@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rl_graphstep.checkpoint import latest_checkpoint  # noqa: E402
+from rl_graphstep.checkpoint import checkpoint_step, latest_checkpoint  # noqa: E402
 
 # The table's nine groups (issue order: SAC on five tasks, TD3 on three, DDPG on one).
 GROUPS = [("sac", "HalfCheetah-v5"), ("sac", "Hopper-v5"), ("sac", "Walker2d-v5"),
@@ -40,7 +40,7 @@ def run_name(algo: str, env_id: str) -> str:
 def steps_done(run_dir: Path) -> int:
     """The env steps of a group's latest checkpoint; 0 when it has none."""
     latest = latest_checkpoint(run_dir)
-    return int(latest.stem.removeprefix("step_")) if latest else 0
+    return (checkpoint_step(latest) or 0) if latest else 0
 
 
 def command(algo: str, env_id: str, run_dir: Path, done: int, args: argparse.Namespace,

@@ -52,6 +52,7 @@ __all__ = [
     "PARTIAL_FILES",
     "REQUIRED_KEYS",
     "checkpoint_path",
+    "checkpoint_step",
     "find_checkpoint",
     "latest_checkpoint",
     "list_checkpoints",
@@ -155,7 +156,7 @@ def set_aside_later(run_dir: Path | str, step: int) -> Path | None:
     old one would otherwise be taken for its latest (and the new timeline would overwrite
     them step by step). Moved, not deleted: nothing is lost.
     """
-    later = [p for p in list_checkpoints(run_dir) if (_step_of(p) or 0) > step]
+    later = [p for p in list_checkpoints(run_dir) if (checkpoint_step(p) or 0) > step]
     if not later:
         return None
     base = Path(run_dir) / CHECKPOINT_DIR / f"abandoned_after_{step:012d}"
@@ -177,14 +178,16 @@ def _prune(run_dir: Path | str, keep: int, spare: Path) -> None:
             old.unlink(missing_ok=True)
 
 
-def _step_of(path: Path) -> int | None:
+def checkpoint_step(path: Path) -> int | None:
+    """The env step in a checkpoint's file name (``step_000000015000.pt`` -> 15000), read
+    without loading it; None for any other name."""
     match = _NAME.fullmatch(path.name)
     return int(match.group(1)) if match else None
 
 
 def _checkpoints_in(folder: Path) -> list[Path]:
     found = [(step, p) for p in folder.glob("step_*.pt")
-             if (step := _step_of(p)) is not None and p.is_file()]
+             if (step := checkpoint_step(p)) is not None and p.is_file()]
     return [p for _, p in sorted(found)]
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from rl_graphstep.checkpoint import checkpoint_step, list_checkpoints
 from rl_graphstep.sweep import main, trial_cpus, trial_metrics
 from rl_graphstep.train import main as train_main
 
@@ -250,8 +251,7 @@ def test_a_sweep_on_a_two_node_cluster_retries_a_killed_worker(tmp_path: Path) -
             # A trial under way: its folder holds a checkpoint at step 400 or later and its
             # lock (gone once it has ended) names its training process, Ray's worker.
             for lock in sweep.glob("*/.lock"):
-                steps = [int(p.stem.removeprefix("step_"))
-                         for p in lock.parent.glob("checkpoints/step_*.pt")]
+                steps = [checkpoint_step(p) or 0 for p in list_checkpoints(lock.parent)]
                 if not steps or not 400 <= max(steps) < 1000:
                     continue
                 with contextlib.suppress(OSError, ValueError, IndexError):  # just released
