@@ -45,14 +45,14 @@ def steps_done(run_dir: Path) -> int:
 
 def command(algo: str, env_id: str, run_dir: Path, done: int, args: argparse.Namespace,
             extra: Sequence[str]) -> list[str]:
-    """The training command of this job: a new group, or the old one resumed, to at most
-    ``--job-steps`` further."""
+    """The training command of this job: a new group (with ``extra``), or the old one resumed
+    (its checkpoint holds its config), to at most ``--job-steps`` further."""
     until = args.total_timesteps if args.job_steps is None else min(
         args.total_timesteps, done + args.job_steps)
     train = [sys.executable, "-m", "rl_graphstep.train"]
     if done:
         return [*train, "--resume", str(run_dir), "--total-timesteps", str(until),
-                "--no-progress", *extra]
+                "--no-progress"]
     return [*train, "--algo", algo, "--env", env_id, "--num-seeds", str(args.seeds),
             "--total-timesteps", str(until), "--save-buffer", "--log-dir", str(run_dir.parent),
             "--run-name", run_dir.name, "--checkpoint-every", "100000", "--keep-checkpoints", "1",
@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if done >= args.total_timesteps:
             print(f"{run_dir}: done ({done:,} steps)", flush=True)
             continue
-        cmd = command(algo, env_id, run_dir, done, args, extra if not done else [])
+        cmd = command(algo, env_id, run_dir, done, args, extra)
         print("$", " ".join(cmd[1:]), flush=True)
         code = subprocess.run(cmd, cwd=ROOT, check=False).returncode
         if code:
