@@ -63,7 +63,7 @@ def make_vec_env(
         elif kind == "shared":
             envs = SharedMemoryVectorEnv(env_id, num_envs, workers=workers)
         else:
-            with _children_ignore_ctrl_c():
+            with _children_ignore_stops():
                 envs = gym.make_vec(
                     env_id,
                     num_envs=num_envs,
@@ -124,20 +124,23 @@ class OneEnvVector(SyncVectorEnv):
 
 
 @contextlib.contextmanager
-def _children_ignore_ctrl_c() -> Iterator[None]:
-    """Ignore SIGINT while the AsyncVectorEnv starts its workers, which inherit that (a
-    Python started with SIGINT ignored keeps it so): a Ctrl-C reaches the whole process
-    group, and a worker would die of it and print its traceback, while the training loop
-    finishes its step and saves. The loop's own handler is back afterwards."""
+def _children_ignore_stops() -> Iterator[None]:
+    """Ignore SIGINT and SIGTERM while the AsyncVectorEnv starts its workers, which inherit
+    that (a Python started with them ignored keeps them so): a Ctrl-C, or a SIGTERM from a
+    batch system, reaches the whole process group, and a worker would die of it (printing its
+    traceback) while the training loop finishes its step and saves. A worker still ends with
+    the loop: its pipe closes. The loop's own handlers are back afterwards."""
+    stops = (signal.SIGINT, signal.SIGTERM)
     try:
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in stops}
     except ValueError:  # not the main thread: signals are not ours to set
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def import_env_module(env_id: str) -> None:

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import random
+import signal
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -253,3 +256,22 @@ def test_stepper_steps_in_two_halves(kind: str) -> None:
     finally:
         envs.close()
         reference.close()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["int", "term"])
+@pytest.mark.parametrize("kind", ["async", "shared"])
+def test_env_workers_outlive_a_stop_sent_to_the_process_group(kind: str, signum: int) -> None:
+    """A Ctrl-C or a batch system's SIGTERM reaches every process of the group; the workers
+    must go on stepping, so the training loop can finish its step, save and close them."""
+    envs = make_vec_env("Pendulum-v1", num_envs=2, seed=4, kind=kind, workers=2)
+    try:
+        envs.reset(seed=4)
+        workers = envs.unwrapped.processes if kind == "async" else envs.unwrapped._processes
+        for worker in workers:
+            os.kill(worker.pid, signum)
+        time.sleep(0.5)
+        assert all(worker.is_alive() for worker in workers)
+        observations, *_ = envs.step(np.zeros((2, 1), np.float32))
+        assert observations.shape == (2, 3)
+    finally:
+        envs.close()

@@ -177,11 +177,13 @@ def test_a_signal_saves_flushes_and_resumes(signum: int, code: int, tmp_path: Pa
     assert load_checkpoint(tmp_path / "run")["global_step"] == stopped_at + 100
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["int", "term"])
 @pytest.mark.parametrize("kind", ["async", "shared"])
-def test_ctrl_c_to_the_process_group_spares_the_env_subprocesses(kind: str,
+def test_a_stop_to_the_process_group_spares_the_env_subprocesses(kind: str, signum: int,
                                                                  tmp_path: Path) -> None:
-    """A terminal's Ctrl-C reaches every process of the group, the vector env's workers too:
-    they must live on so the run can save its checkpoint and close them."""
+    """A terminal's Ctrl-C, or a batch system's SIGTERM, reaches every process of the group,
+    the vector env's workers too: they must live on so the run can save its checkpoint and
+    close them."""
     args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--vec-env", kind,
             "--num-envs", "2"]
     process = subprocess.Popen(
@@ -191,9 +193,10 @@ def test_ctrl_c_to_the_process_group_spares_the_env_subprocesses(kind: str,
     while not list((tmp_path / "run").glob("events.*")) and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(2)
-    os.killpg(process.pid, signal.SIGINT)
+    os.killpg(process.pid, signum)
     _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 130, stderr
+    assert process.returncode == 128 + signum, stderr
+    assert f"stopped: {signal.Signals(signum).name} at step" in stderr
     assert "Traceback" not in stderr
     assert load_checkpoint(tmp_path / "run")["global_step"] > 0
 
