@@ -21,7 +21,7 @@ import torch
 from gymnasium import error as gym_error
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
-from rl_graphstep.errors import ConfigError, EnvError, first_line, user_location
+from rl_graphstep.errors import STOP_SIGNALS, ConfigError, EnvError, first_line, user_location
 from rl_graphstep.sharedenvs import SharedMemoryVectorEnv
 
 __all__ = [
@@ -130,9 +130,8 @@ def _children_ignore_stops() -> Iterator[None]:
     batch system, reaches the whole process group, and a worker would die of it (printing its
     traceback) while the training loop finishes its step and saves. A worker still ends with
     the loop: its pipe closes. The loop's own handlers are back afterwards."""
-    stops = (signal.SIGINT, signal.SIGTERM)
     try:
-        previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in stops}
+        previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in STOP_SIGNALS}
     except ValueError:  # not the main thread: signals are not ours to set
         yield
         return

@@ -4,6 +4,7 @@ helpers that point such a line at the user's own code."""
 from __future__ import annotations
 
 import os
+import signal
 import sysconfig
 import traceback
 from pathlib import Path
@@ -89,6 +90,12 @@ class CheckpointError(RLGraphstepError, ValueError):
 
 class RunFolderError(RLGraphstepError, RuntimeError):
     """A run folder is owned by another training process, or cannot be written."""
+
+
+# The signals that stop a run cleanly: the training loop catches them, finishes its step and
+# saves, and the env workers ignore them, since a terminal or a batch system sends them to the
+# whole process group.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class TrainingInterrupted(RLGraphstepError):

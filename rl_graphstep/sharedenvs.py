@@ -30,7 +30,7 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from rl_graphstep.errors import ConfigError, EnvError, first_line, user_location
+from rl_graphstep.errors import STOP_SIGNALS, ConfigError, EnvError, first_line, user_location
 
 __all__ = ["SharedMemoryVectorEnv", "ordered_stores"]
 
@@ -74,7 +74,7 @@ def _work(worker: int, env_id: str, envs: range, spaces: tuple[gym.Space, gym.Sp
     # A Ctrl-C or a SIGTERM to the process group (a terminal, a batch system) is the training
     # loop's to handle: it finishes its step, saves and closes us. We end with it regardless,
     # by the parent check below.
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     num_envs = len(raw["rewards"]) // np.dtype(np.float64).itemsize
     shared = _Shared(num_envs, *spaces, workers, raw)

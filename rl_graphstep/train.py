@@ -30,7 +30,12 @@ from rl_graphstep.cli import end_startup_guard, exit_quietly
 from rl_graphstep.compiling import quiet_compiler
 from rl_graphstep.config import Config
 from rl_graphstep.console import summary_line
-from rl_graphstep.errors import NonFiniteUpdates, RLGraphstepError, TrainingInterrupted
+from rl_graphstep.errors import (
+    STOP_SIGNALS,
+    NonFiniteUpdates,
+    RLGraphstepError,
+    TrainingInterrupted,
+)
 from rl_graphstep.flags import command_line_values, load_config
 from rl_graphstep.nonfinite import (
     mostly_skipped,
@@ -210,10 +215,9 @@ def stop_requests() -> Iterator[list[int]]:
     """Ctrl-C and SIGTERM append their number to the yielded list instead of raising, so the
     loop can finish its step and save; the previous handlers come back afterwards."""
     requested: list[int] = []
-    handled = (signal.SIGINT, signal.SIGTERM)
     try:
         previous = {s: signal.signal(s, lambda signum, _frame: requested.append(signum))
-                    for s in handled}
+                    for s in STOP_SIGNALS}
     except ValueError:  # not the main thread: signals cannot be caught here
         yield requested
         return
