@@ -1,8 +1,11 @@
 """What a training run prints while it runs and at its end: a progress bar on a terminal, a
-short periodic line in a file or a pipe, and the final ``done:`` line."""
+short periodic line in a file or a pipe, and the final ``done:`` line; and what becomes of
+them when the console's reader goes away (a closed pipe, a hung-up terminal)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -43,6 +46,29 @@ def format_duration(seconds: float) -> str:
         return f"{minutes} min {seconds:02d} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min"
+
+
+def silence(stream: TextIO) -> None:
+    """Point ``stream``, whose reader has gone, at the null device: what is still written to
+    it (its buffer, the interpreter's flush at exit, the env workers sharing its file) is
+    dropped instead of failing again."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # no file behind it
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, stream.fileno())
+        finally:
+            os.close(devnull)
+
+
+def say(line: str, stream: TextIO | None = None) -> None:
+    """Print ``line`` to ``stream`` (stdout) at once, or silence the stream when its reader
+    has gone (``train | head`` has ended, the terminal has closed): a command's last line
+    must not end it with a traceback."""
+    stream = sys.stdout if stream is None else stream
+    try:
+        print(line, file=stream, flush=True)
+    except OSError:  # BrokenPipeError from a pipe, EIO from a hung-up terminal
+        silence(stream)
 
 
 class RateWindow:
@@ -122,7 +148,11 @@ class ProgressDisplay:
     """The run's progress: a tqdm bar on stderr when it is a terminal, else one line on stdout
     at a log step at most every ``LINE_SECONDS``; with ``enabled`` False only what ``write``
     is given. Both show the rate since the previous report and the ETA at the learning
-    phase's rate. Used as a context manager, like the tqdm bar it wraps."""
+    phase's rate. Used as a context manager, like the tqdm bar it wraps.
+
+    When the console's reader goes away (``train | tee log`` and ``tee`` dies with the
+    terminal, ``train | head`` has its lines), the display falls silent instead of raising
+    in the middle of a step, and calls ``on_lost`` once: the loop stops there and saves."""
 
     def __init__(self, total: int, initial: int, *, enabled: bool, learning_starts: int,
                  terminal: bool | None = None, clock: Callable[[], float] = time.perf_counter
@@ -138,6 +168,8 @@ class ProgressDisplay:
         self.lines = enabled and not terminal
         self.bar = tqdm(total=total, initial=initial, disable=not (enabled and terminal),
                         unit="step", dynamic_ncols=True, bar_format=BAR_FORMAT)
+        self.on_lost: Callable[[], None] | None = None
+        self.lost = False
 
     def __enter__(self) -> ProgressDisplay:
         return self
@@ -147,9 +179,20 @@ class ProgressDisplay:
         self.bar.close()
 
     def write(self, line: str) -> None:
-        """A line on stdout (above the bar when there is one), flushed: a pipe shows it now."""
-        self.bar.write(line)
-        sys.stdout.flush()
+        """A line on stdout (above the bar when there is one), flushed: a pipe shows it now.
+        A failed write means stdout's reader has gone: stdout and the lines fall silent, and
+        ``on_lost`` hears of it. (The bar, on a terminal's stderr, needs no such care: tqdm
+        stops drawing when a hung-up terminal fails its writes.)"""
+        if self.lost:
+            return
+        try:
+            self.bar.write(line)
+            sys.stdout.flush()
+        except OSError:  # BrokenPipeError from a pipe, EIO from a hung-up terminal
+            silence(sys.stdout)
+            self.lost, self.lines = True, False
+            if self.on_lost is not None:
+                self.on_lost()
 
     def update(self, steps: int) -> None:
         self.bar.update(steps)

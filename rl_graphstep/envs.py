@@ -125,11 +125,12 @@ class OneEnvVector(SyncVectorEnv):
 
 @contextlib.contextmanager
 def _children_ignore_stops() -> Iterator[None]:
-    """Ignore SIGINT and SIGTERM while the AsyncVectorEnv starts its workers, which inherit
-    that (a Python started with them ignored keeps them so): a Ctrl-C, or a SIGTERM from a
-    batch system, reaches the whole process group, and a worker would die of it (printing its
-    traceback) while the training loop finishes its step and saves. A worker still ends with
-    the loop: its pipe closes. The loop's own handlers are back afterwards."""
+    """Ignore the stop signals while the AsyncVectorEnv starts its workers, which inherit
+    that (a Python started with them ignored keeps them so): a Ctrl-C, a closing terminal's
+    SIGHUP or a batch system's SIGTERM reaches the whole process group, and a worker would
+    die of it (printing its traceback) while the training loop finishes its step and saves.
+    A worker still ends with the loop: its pipe closes. The loop's own handlers are back
+    afterwards."""
     try:
         previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in STOP_SIGNALS}
     except ValueError:  # not the main thread: signals are not ours to set

@@ -93,13 +93,14 @@ class RunFolderError(RLGraphstepError, RuntimeError):
 
 
 # The signals that stop a run cleanly: the training loop catches them, finishes its step and
-# saves, and the env workers ignore them, since a terminal or a batch system sends them to the
-# whole process group.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# saves, and the env workers ignore them, since a terminal (Ctrl-C, or SIGHUP when it closes)
+# or a batch system sends them to the whole process group.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class TrainingInterrupted(RLGraphstepError):
-    """Ctrl-C or SIGTERM stopped the run after a checkpoint was saved."""
+    """A stop signal, or the console's reader going away (``signum`` SIGPIPE), stopped the run
+    after a checkpoint was saved."""
 
     def __init__(self, signum: int, message: str) -> None:
         super().__init__(message)

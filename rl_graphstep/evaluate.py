@@ -31,7 +31,7 @@ from rl_graphstep.algorithms import ALGORITHMS, OffPolicyAlgorithm
 from rl_graphstep.checkpoint import CHECKPOINT_DIR, find_checkpoint, load_checkpoint
 from rl_graphstep.cli import OneLineParser, end_startup_guard, exit_quietly
 from rl_graphstep.config import SEED_MAX, Config, config_from_dict, saved_config_values
-from rl_graphstep.console import seeds_text
+from rl_graphstep.console import say, seeds_text
 from rl_graphstep.envs import check_continuous_spaces, make_vec_env, scale_action, seed_everything
 from rl_graphstep.errors import (
     CheckpointError,
@@ -154,14 +154,14 @@ def evaluate(run_dir: Path | str, episodes: int = 10, seed: int = 0, device: str
         result = evaluated[0][0]
         if verbose:
             tag = "" if cfg.num_seeds == 1 else f", seed {group_seed}"
-            print(f"{cfg.env_id}, {cfg.algo}{tag}, step {state['global_step']}: mean return "
-                  f"{result.mean:.1f} ± {result.std:.1f} over {episodes} "
-                  f"episode{'s' if episodes > 1 else ''}{note}")
+            say(f"{cfg.env_id}, {cfg.algo}{tag}, step {state['global_step']}: mean return "
+                f"{result.mean:.1f} ± {result.std:.1f} over {episodes} "
+                f"episode{'s' if episodes > 1 else ''}{note}")
         return result
     group = _group_evaluation(cfg.seed_list, [result for result, _ in evaluated])
     if verbose:
-        print(group_table(group, f"{cfg.env_id}, {cfg.algo}, step {state['global_step']}",
-                          episodes, note))
+        say(group_table(group, f"{cfg.env_id}, {cfg.algo}, step {state['global_step']}",
+                        episodes, note))
     return group
 
 
@@ -406,10 +406,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         evaluate(args.run, episodes=args.episodes, seed=args.seed, device=args.device,
                  video=args.video, group_seed=args.group_seed)
     except RLGraphstepError as error:
-        print(f"error: {error}", file=sys.stderr)
+        say(f"error: {error}", sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        say("interrupted", sys.stderr)
         return 130
     return 0
 

@@ -71,9 +71,9 @@ class _Shared:
 def _work(worker: int, env_id: str, envs: range, spaces: tuple[gym.Space, gym.Space],
           workers: int, raw: dict[str, Any], pipe: Any, parent: int) -> None:
     """A worker's loop: step (or reset, or close) its envs whenever its command counter moves."""
-    # A Ctrl-C or a SIGTERM to the process group (a terminal, a batch system) is the training
-    # loop's to handle: it finishes its step, saves and closes us. We end with it regardless,
-    # by the parent check below.
+    # A Ctrl-C, SIGHUP or SIGTERM to the process group (a terminal, a batch system) is the
+    # training loop's to handle: it finishes its step, saves and closes us. We end with it
+    # regardless, by the parent check below.
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     num_envs = len(raw["rewards"]) // np.dtype(np.float64).itemsize

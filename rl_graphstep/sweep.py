@@ -29,6 +29,7 @@ import yaml
 from rl_graphstep.aggregate import iqm, seed_means
 from rl_graphstep.checkpoint import list_checkpoints
 from rl_graphstep.config import config_to_dict
+from rl_graphstep.console import say
 from rl_graphstep.errors import ConfigError, RunFolderError, first_line
 from rl_graphstep.rundir import RunLock
 from rl_graphstep.sweepfile import SweepSpec, read_sweep_file, trial_config
@@ -246,7 +247,7 @@ def write_results(spec: SweepSpec, results: Any, sweep_dir: Path) -> list[dict[s
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(r[c]) for c in columns) + " |" for r in rows]
     (sweep_dir / "results.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    say("\n".join(lines))
     if rows and rows[0][SCORE] == rows[0][SCORE]:
         best = rows[0]
         cfg = trial_config(spec, {n: best[n] for n in (*spec.grid, *spec.sampled)},
@@ -280,16 +281,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec = read_sweep_file(args.sweep_file)
         results = run_sweep(spec, args, stopped_by)
     except (ConfigError, RunFolderError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        say(f"error: {err}", sys.stderr)
         return 2
     except ImportError as err:
-        print(f"error: sweeps need Ray Tune ({err.name} is missing): "
-              'pip install "rl_graphstep[sweep]"', file=sys.stderr)
+        say(f"error: sweeps need Ray Tune ({err.name} is missing): "
+            'pip install "rl_graphstep[sweep]"', sys.stderr)
         return 2
     unfinished = sum(not _finished(result, args.scheduler) for result in results)
     if unfinished:
-        print(f"stopped with {unfinished} of {len(results)} trials unfinished; continue with: "
-              f"python -m rl_graphstep.sweep {args.sweep_file} --resume", file=sys.stderr)
+        say(f"stopped with {unfinished} of {len(results)} trials unfinished; continue with: "
+            f"python -m rl_graphstep.sweep {args.sweep_file} --resume", sys.stderr)
         return 128 + (stopped_by[0] if stopped_by else signal.SIGINT)
     rows = write_results(spec, results, (Path(args.log_dir) / spec.name).resolve())
     return 0 if rows and not any(r["error"] for r in rows) else 1

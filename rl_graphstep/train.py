@@ -2,7 +2,8 @@
 
 The loop reads like the algorithm: act (randomly before ``learning_starts``), step the
 environments, store the transitions, update critic and actor from a replay sample, log,
-checkpoint. Ctrl-C and SIGTERM finish the current step, save a checkpoint and flush the logs.
+checkpoint. Ctrl-C, SIGTERM, SIGHUP and a console whose reader went away finish the current
+step, save a checkpoint and flush the logs.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from rl_graphstep.checkpoint import load_checkpoint
 from rl_graphstep.cli import end_startup_guard, exit_quietly
 from rl_graphstep.compiling import quiet_compiler
 from rl_graphstep.config import Config
-from rl_graphstep.console import summary_line
+from rl_graphstep.console import say, summary_line
 from rl_graphstep.errors import (
     STOP_SIGNALS,
     NonFiniteUpdates,
@@ -82,6 +83,8 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None,
             # stop_requests first, so it is left last: a second Ctrl-C while the first one's
             # checkpoint is saved, the envs closed or the logs flushed is noted, not raised.
             with stop_requests() as stops, run.log, contextlib.closing(run.collector.envs):
+                # Output nobody reads any more stops the run as a signal would: with a save.
+                run.log.bar.on_lost = lambda: stops.append(signal.SIGPIPE)
                 run.log.bar.write(run.first_line)
                 _loop(run, stops)
             return _summary(run)
@@ -115,10 +118,14 @@ def _loop(run: Run, stops: list[int]) -> None:
         if step % cfg.checkpoint_every < cfg.num_envs or done or stops:
             saved = save_run(cfg, run.run_dir, progress, learner, collector)
         if stops:
-            name = signal.Signals(stops[0]).name
             raise TrainingInterrupted(
-                stops[0], f"{name} at step {step}: checkpoint {saved} saved and logs "
-                f"flushed; continue with --resume {run.run_dir}")
+                stops[0], f"{_stop_name(stops[0])} at step {step}: checkpoint {saved} saved "
+                f"and logs flushed; continue with --resume {run.run_dir}")
+
+
+def _stop_name(signum: int) -> str:
+    name = signal.Signals(signum).name
+    return f"{name} (the output's reader went away)" if signum == signal.SIGPIPE else name
 
 
 def _start_learning(run: Run) -> None:
@@ -212,12 +219,14 @@ def _summary(run: Run) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def stop_requests() -> Iterator[list[int]]:
-    """Ctrl-C and SIGTERM append their number to the yielded list instead of raising, so the
-    loop can finish its step and save; the previous handlers come back afterwards."""
+    """Ctrl-C, SIGTERM and SIGHUP append their number to the yielded list instead of raising,
+    so the loop can finish its step and save; the previous handlers come back afterwards. A
+    signal ignored when the run starts stays ignored: ``nohup`` asked to live on past the
+    terminal's SIGHUP."""
     requested: list[int] = []
     try:
         previous = {s: signal.signal(s, lambda signum, _frame: requested.append(signum))
-                    for s in STOP_SIGNALS}
+                    for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
     except ValueError:  # not the main thread: signals cannot be caught here
         yield requested
         return
@@ -257,17 +266,17 @@ def _command_line(argv: Sequence[str] | None) -> int:
         _set_ctrl_c(signal.SIG_IGN)  # the run has ended: say how, uninterrupted
         ended = _ending_under_way(interrupt)
         if ended is None:  # before the loop took over Ctrl-C: nothing to save yet
-            print("stopped: interrupted during start-up", file=sys.stderr)
+            say("stopped: interrupted during start-up", sys.stderr)
             return 130
         return _report(ended)
     except RLGraphstepError as error:
         _set_ctrl_c(signal.SIG_IGN)
         return _report(error)
     _set_ctrl_c(signal.SIG_IGN)
-    print(summary_line(summary))
+    say(summary_line(summary))
     if summary["mostly_skipped"]:
-        print(f"error: {mostly_skipped_message(summary['updates'], summary['run_dir'])}",
-              file=sys.stderr)
+        say(f"error: {mostly_skipped_message(summary['updates'], summary['run_dir'])}",
+            sys.stderr)
         return MOSTLY_SKIPPED_EXIT
     return 0
 
@@ -283,9 +292,9 @@ def _ending_under_way(interrupt: KeyboardInterrupt) -> RLGraphstepError | None:
 
 def _report(error: RLGraphstepError) -> int:
     if isinstance(error, TrainingInterrupted):
-        print(f"stopped: {error}", file=sys.stderr)
+        say(f"stopped: {error}", sys.stderr)
         return error.exit_code
-    print(f"error: {error}", file=sys.stderr)
+    say(f"error: {error}", sys.stderr)
     return 2
 
 

@@ -3,6 +3,10 @@ terminal, and the final line."""
 
 from __future__ import annotations
 
+import io
+import os
+import sys
+
 import pytest
 
 from rl_graphstep.aggregate import bootstrap_interval, iqm
@@ -15,6 +19,8 @@ from rl_graphstep.console import (
     group_done_line,
     group_progress_line,
     progress_line,
+    say,
+    silence,
     summary_line,
 )
 
@@ -27,6 +33,13 @@ class FakeClock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class GoneReader(io.StringIO):
+    """A stream whose reader has gone: every write fails as a closed pipe's does."""
+
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
 
 
 def test_the_rate_is_the_recent_one_and_learning_restarts_it() -> None:
@@ -190,3 +203,40 @@ def test_the_last_line_is_a_groups_for_several_seeds_only() -> None:
            "mean_return_last_10": -1.0}
     assert summary_line(one) == done_line(one)
     assert summary_line(GROUP_SUMMARY) == group_done_line(GROUP_SUMMARY)
+
+
+def test_a_gone_reader_silences_the_lines_and_is_heard_of_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdout", GoneReader())
+    clock, lost = FakeClock(), []
+    with ProgressDisplay(50_000, 0, enabled=True, learning_starts=0, terminal=False,
+                         clock=clock) as bar:
+        bar.on_lost = lambda: lost.append(clock.now)
+        bar.write("the first line")  # no BrokenPipeError in the middle of a step
+        for step in range(1000, 50_001, 1000):
+            clock.now += 5.0
+            bar.update(1000)
+            bar.report(step, [-200.0])
+        bar.write("the last line")
+    assert lost == [0.0]
+    assert bar.lost and not bar.lines
+
+
+def test_say_drops_a_line_nobody_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdout", GoneReader())
+    say("done: ...")  # no traceback for the last line of a command
+    out = io.StringIO()
+    say("error: ...", out)
+    assert out.getvalue() == "error: ...\n"
+
+
+def test_a_silenced_pipe_takes_writes_again() -> None:
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader has gone
+    with open(write_end, "w") as stream:
+        with pytest.raises(BrokenPipeError):
+            stream.write("x" * 100_000)  # more than the buffer holds: it reaches the pipe
+            stream.flush()
+        silence(stream)
+        stream.write("y" * 100_000)
+        stream.flush()  # now the null device's: no error, and none at close either

@@ -258,10 +258,12 @@ def test_stepper_steps_in_two_halves(kind: str) -> None:
         reference.close()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["int", "term"])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+                         ids=["int", "term", "hup"])
 @pytest.mark.parametrize("kind", ["async", "shared"])
 def test_env_workers_outlive_a_stop_sent_to_the_process_group(kind: str, signum: int) -> None:
-    """A Ctrl-C or a batch system's SIGTERM reaches every process of the group; the workers
+    """A Ctrl-C, a closing terminal's SIGHUP or a batch system's SIGTERM reaches every process
+    of the group; the workers
     must go on stepping, so the training loop can finish its step, save and close them."""
     envs = make_vec_env("Pendulum-v1", num_envs=2, seed=4, kind=kind, workers=2)
     try:

@@ -26,7 +26,7 @@ from rl_graphstep.checkpoint import (
 from rl_graphstep.config import config_to_dict
 from rl_graphstep.flags import load_config
 from rl_graphstep.rundir import RunLock
-from rl_graphstep.train import main, train
+from rl_graphstep.train import main, stop_requests, train
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--env", "Pendulum-v1", "--device", "cpu", "--learning-starts", "200",
@@ -152,7 +152,8 @@ def test_keeps_the_newest_checkpoints(tmp_path: Path) -> None:
         "step_000000000400.pt", "step_000000000500.pt"]
 
 
-@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130),
+                                             (signal.SIGHUP, 129)])
 def test_a_signal_saves_flushes_and_resumes(signum: int, code: int, tmp_path: Path) -> None:
     args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--checkpoint-every",
             "100000"]
@@ -177,13 +178,52 @@ def test_a_signal_saves_flushes_and_resumes(signum: int, code: int, tmp_path: Pa
     assert load_checkpoint(tmp_path / "run")["global_step"] == stopped_at + 100
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["int", "term"])
+@pytest.mark.parametrize("errors", ["apart", "with the output"])
+def test_output_nobody_reads_stops_the_run_with_a_checkpoint(errors: str, tmp_path: Path
+                                                             ) -> None:
+    """``train | tee log`` whose ``tee`` dies first (a Ctrl-C in the terminal), ``train |
+    head``: the next progress line finds the pipe closed, and the run stops as a signal
+    would stop it, saved, with no traceback (exit 141, as a shell reports SIGPIPE)."""
+    args = [a for a in SMALL if a != "--no-progress"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rl_graphstep.train", *args, "--log-dir", str(tmp_path),
+         "--run-name", "run", "--checkpoint-every", "100000", "--total-timesteps", "100000"],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        stderr=subprocess.PIPE if errors == "apart" else subprocess.STDOUT)
+    assert process.stdout.readline().startswith(str(tmp_path / "run"))  # the first line
+    process.stdout.close()  # the reader goes away; a progress line comes within 10 s
+    stderr = process.stderr.read() if process.stderr else ""
+    assert process.wait(timeout=120) == 128 + signal.SIGPIPE, stderr
+    if errors == "apart":  # the stop is said where it can still be read
+        assert stderr.startswith("stopped: SIGPIPE (the output's reader went away) at step")
+        assert "Traceback" not in stderr
+    stopped_at = load_checkpoint(tmp_path / "run")["global_step"]
+    assert 0 < stopped_at < 100_000
+    assert main(["--resume", str(tmp_path / "run"), "--total-timesteps",
+                 str(stopped_at + 100)]) == 0
+
+
+def test_a_stop_signal_ignored_at_the_start_stays_ignored() -> None:
+    """``nohup train`` ignores SIGHUP: the run must live on past the terminal's closing."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with stop_requests() as stops:
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            signal.raise_signal(signal.SIGTERM)
+            assert stops == [signal.SIGTERM]
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+                         ids=["int", "term", "hup"])
 @pytest.mark.parametrize("kind", ["async", "shared"])
 def test_a_stop_to_the_process_group_spares_the_env_subprocesses(kind: str, signum: int,
                                                                  tmp_path: Path) -> None:
-    """A terminal's Ctrl-C, or a batch system's SIGTERM, reaches every process of the group,
-    the vector env's workers too: they must live on so the run can save its checkpoint and
-    close them."""
+    """A terminal's Ctrl-C or SIGHUP, or a batch system's SIGTERM, reaches every process of
+    the group, the vector env's workers too: they must live on so the run can save its
+    checkpoint and close them."""
     args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--vec-env", kind,
             "--num-envs", "2"]
     process = subprocess.Popen(
