@@ -19,6 +19,7 @@ __all__ = [
     "OneLineParser",
     "end_startup_guard",
     "exit_quietly",
+    "open_closed_streams",
     "startup_guard",
     "train_command",
 ]
@@ -96,14 +97,32 @@ def _ignore_ctrl_c() -> None:
 def startup_guard() -> None:
     """Turn a Ctrl-C into one line and exit 130 until :func:`end_startup_guard`. Only for
     the ``__main__`` path of an entry module, before its heavy imports: a library user's
-    handler is never replaced.
+    handler is never replaced. Standard streams closed at the start are opened on the null
+    device first (see :func:`open_closed_streams`).
 
     Also ignores Ctrl-C once the last exit handler has run (registered first, it runs last):
     after that the interpreter gives SIGINT back its default action, and in the half second
     of torch's teardown that follows a Ctrl-C would kill the process by signal, losing the
     exit code that :func:`exit_quietly` was handed."""
+    open_closed_streams()
     signal.signal(signal.SIGINT, _interrupted_during_startup)
     atexit.register(_ignore_ctrl_c)
+
+
+def open_closed_streams() -> None:
+    """Open each standard stream that the command was started without (``train >&-``) on
+    the null device, as if its output had been sent there. Python leaves such a stream
+    ``None``, so the first line printed would end the run with a traceback, and the first
+    file the run opened would take the free descriptor: the env workers' and the libraries'
+    output to it would then land in an event file or a checkpoint."""
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            # Takes descriptor fd: the lowest free one, as those below it are open by now.
+            os.open(os.devnull, os.O_RDWR)
+            if getattr(sys, name) is None:  # a stream for the process's lifetime
+                setattr(sys, name, open(fd, "r" if fd == 0 else "w", closefd=False))  # noqa: SIM115
 
 
 def end_startup_guard() -> bool:

@@ -4,6 +4,7 @@ Ctrl-C), never a traceback: a table of bad inputs run in-process, and Ctrl-C by 
 from __future__ import annotations
 
 import atexit
+import os
 import signal
 import subprocess
 import sys
@@ -396,3 +397,22 @@ def test_a_ctrl_c_while_the_stop_is_on_its_way_out_still_reports_the_stop(
     assert capsys.readouterr().err == ("stopped: SIGINT at step 300: checkpoint x saved and "
                                        "logs flushed; continue with --resume r\n")
     assert signal.getsignal(signal.SIGINT) is handler
+
+
+def test_a_stream_closed_at_the_start_is_the_null_device_and_keeps_its_descriptor(
+        tmp_path: Path) -> None:
+    """With stdout closed, the next file opened would be descriptor 1, and every print (an env
+    worker's, a library's) would land in it: the startup guard fills the gap first."""
+    script = ("import os, sys\n"
+              "from rl_graphstep.cli import startup_guard\n"
+              "assert sys.stdout is None\n"
+              "startup_guard()\n"
+              "with open('log', 'w') as log:\n"
+              "    print('to stdout', flush=True)\n"
+              "    os.write(1, b'to descriptor 1')\n"
+              "    log.write(str(log.fileno()))\n")
+    result = subprocess.run(["sh", "-c", 'exec "$0" "$@" >&-', sys.executable, "-c", script],
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            stderr=subprocess.PIPE, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert int((tmp_path / "log").read_text()) > 2  # the file's own descriptor, nothing else

@@ -203,6 +203,24 @@ def test_output_nobody_reads_stops_the_run_with_a_checkpoint(errors: str, tmp_pa
                  str(stopped_at + 100)]) == 0
 
 
+@pytest.mark.parametrize("closed", [">&-", ">&- 2>&- <&-"], ids=["stdout", "all three"])
+def test_a_run_started_without_its_standard_streams_runs_to_the_end(closed: str,
+                                                                    tmp_path: Path) -> None:
+    """``train >&-`` (a service manager or cron job with no output): the run trains, saves
+    and logs as with ``>/dev/null``, and no file it opens takes the free descriptor."""
+    args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--vec-env", "async",
+            "--num-envs", "2", "--total-timesteps", "400"]
+    result = subprocess.run(
+        ["sh", "-c", f'exec "$0" "$@" {closed}', sys.executable, "-m", "rl_graphstep.train",
+         *args], cwd=ROOT, stderr=subprocess.PIPE, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""  # closed, or nothing to say
+    assert load_checkpoint(tmp_path / "run")["global_step"] == 400
+    events = EventAccumulator(str(tmp_path / "run"))
+    events.Reload()
+    assert events.Scalars("charts/SPS")[-1].step == 400
+
+
 def test_a_stop_signal_ignored_at_the_start_stays_ignored() -> None:
     """``nohup train`` ignores SIGHUP: the run must live on past the terminal's closing."""
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
