@@ -10,7 +10,9 @@ fewer env steps in all than one after another (benchmarks/README.md). A group al
 ``--log-dir`` goes on from its latest checkpoint and one that has reached its length is left
 alone, so the same command, run again, finishes what a time-limited job left. A job ends
 as a finished run does (its checkpoint and replay buffer saved), never by a signal, and the
-next resumes it with the full length (``--resume RUN --total-timesteps``).
+next resumes it with the full length (``--resume RUN --total-timesteps``). A group that runs
+to its end in one job needs no saved buffer: ``--no-save-buffer`` (handed on to the training
+command) spares the disk and the time of its saves (13 GiB each for SAC on Humanoid-v5).
 """
 
 from __future__ import annotations
