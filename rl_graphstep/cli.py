@@ -11,6 +11,7 @@ import os
 import re
 import signal
 import sys
+import threading
 from collections.abc import Mapping
 from types import FrameType
 from typing import NoReturn
@@ -98,15 +99,25 @@ def startup_guard() -> None:
     """Turn a Ctrl-C into one line and exit 130 until :func:`end_startup_guard`. Only for
     the ``__main__`` path of an entry module, before its heavy imports: a library user's
     handler is never replaced. Standard streams closed at the start are opened on the null
-    device first (see :func:`open_closed_streams`).
+    device first (see :func:`open_closed_streams`), and a side thread's file-system error is
+    left to the main thread to report (see :func:`_side_thread_error`).
 
     Also ignores Ctrl-C once the last exit handler has run (registered first, it runs last):
     after that the interpreter gives SIGINT back its default action, and in the half second
     of torch's teardown that follows a Ctrl-C would kill the process by signal, losing the
     exit code that :func:`exit_quietly` was handed."""
     open_closed_streams()
+    threading.excepthook = _side_thread_error
     signal.signal(signal.SIGINT, _interrupted_during_startup)
     atexit.register(_ignore_ctrl_c)
+
+
+def _side_thread_error(args: threading.ExceptHookArgs) -> None:
+    """An OSError ends a side thread quietly (tensorboard's event writer, when the run
+    folder is deleted or the disk is full): the main thread meets the same failure at its
+    next write and says it in one line. Anything else is printed as threads print it."""
+    if not isinstance(args.exc_value, OSError):
+        threading.__excepthook__(args)
 
 
 def open_closed_streams() -> None:

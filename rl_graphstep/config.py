@@ -300,6 +300,9 @@ def _spec_problem(value: str) -> str | None:
 INT_MAX = 2**63 - 1
 # More environments than this is a typo: each is an object (or a process) of its own.
 MAX_NUM_ENVS = 4096
+# More updates per env iteration than this is a typo (high update-to-data methods such as
+# REDQ use 20): an iteration is where a stop signal is heard, and 10**9 updates never end one.
+MAX_UPDATES_PER_STEP = 1000
 _STRINGS = ("env_id", "log_dir", "run_name", "resume", "actor", "critic")
 
 
@@ -312,6 +315,8 @@ def _limit_problem(name: str, value: Any) -> str | None:
         return f"must be at most {INT_MAX} (2**63 - 1), got {value}"
     if name == "num_envs" and value > MAX_NUM_ENVS:
         return f"must be at most {MAX_NUM_ENVS}, got {value}"
+    if name == "updates_per_step" and value > MAX_UPDATES_PER_STEP:
+        return f"must be at most {MAX_UPDATES_PER_STEP}, got {value}"
     if name == "num_seeds":
         return num_seeds_problem(value)
     if name in ("policy_lr", "q_lr") and not math.isfinite(value):

@@ -55,8 +55,15 @@ def _configs_dir() -> Traversable:
 
 
 def read_config_file(path: Path | Traversable | str) -> dict[str, Any]:
-    """Read, type-check and value-check one YAML config file (a partial mapping of fields)."""
-    return coerce_mapping(read_yaml_mapping(path), str(path))
+    """Read, type-check and value-check one YAML config file (a partial mapping of fields).
+    A file cannot resume a run: ``--resume`` keeps the run's own config, which the file's
+    other settings (and, under it, the defaults) would otherwise silently replace."""
+    values = coerce_mapping(read_yaml_mapping(path), str(path))
+    if values.get("resume") is not None:
+        raise ConfigError(f"config file {str(path)!r} sets resume: a run is resumed with "
+                          "--resume RUN on the command line, with its own config (override "
+                          "single settings with their flags); remove the line")
+    return values
 
 
 def read_yaml_mapping(path: Path | Traversable | str, kind: str = "config file"

@@ -74,6 +74,20 @@ def first_line(error: BaseException) -> str:
     return " ".join(lines[0].split()) if lines else type(error).__name__
 
 
+def os_error_line(error: OSError) -> str:
+    """One line for a file the system would not read or write (a full disk, a run folder
+    deleted under the run, a name too long): what failed and on which file, its name cut to
+    a readable length."""
+    what = error.strerror or first_line(error)
+    name = error.filename
+    if name is None:
+        return what
+    name = os.fsdecode(name)
+    if len(name) > 80:
+        name = f"{name[:40]}...{name[-30:]}"
+    return f"{what}: {name}"
+
+
 def display_path(filename: str) -> str:
     """Relative to the working folder when the file lies below it: short and clickable."""
     try:

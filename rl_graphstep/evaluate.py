@@ -39,6 +39,7 @@ from rl_graphstep.errors import (
     EnvError,
     RLGraphstepError,
     display_path,
+    os_error_line,
 )
 from rl_graphstep.netcheck import evaluation_action
 from rl_graphstep.netspec import make_networks, run_relative
@@ -407,6 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                  video=args.video, group_seed=args.group_seed)
     except RLGraphstepError as error:
         say(f"error: {error}", sys.stderr)
+        return 2
+    except OSError as error:
+        say(f"error: {os_error_line(error)}", sys.stderr)
         return 2
     except KeyboardInterrupt:
         say("interrupted", sys.stderr)

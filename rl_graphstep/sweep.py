@@ -30,7 +30,7 @@ from rl_graphstep.aggregate import iqm, seed_means
 from rl_graphstep.checkpoint import list_checkpoints
 from rl_graphstep.config import config_to_dict
 from rl_graphstep.console import say
-from rl_graphstep.errors import ConfigError, RunFolderError, first_line
+from rl_graphstep.errors import ConfigError, RunFolderError, first_line, os_error_line
 from rl_graphstep.rundir import RunLock
 from rl_graphstep.sweepfile import SweepSpec, read_sweep_file, trial_config
 
@@ -282,6 +282,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = run_sweep(spec, args, stopped_by)
     except (ConfigError, RunFolderError) as err:
         say(f"error: {err}", sys.stderr)
+        return 2
+    except OSError as err:
+        say(f"error: {os_error_line(err)}", sys.stderr)
         return 2
     except ImportError as err:
         say(f"error: sweeps need Ray Tune ({err.name} is missing): "

@@ -36,6 +36,7 @@ from rl_graphstep.errors import (
     NonFiniteUpdates,
     RLGraphstepError,
     TrainingInterrupted,
+    os_error_line,
 )
 from rl_graphstep.flags import command_line_values, load_config
 from rl_graphstep.nonfinite import (
@@ -272,6 +273,10 @@ def _command_line(argv: Sequence[str] | None) -> int:
     except RLGraphstepError as error:
         _set_ctrl_c(signal.SIG_IGN)
         return _report(error)
+    except OSError as error:  # the file system refused: checkpoints saved before it are kept
+        _set_ctrl_c(signal.SIG_IGN)
+        say(f"error: {os_error_line(error)}", sys.stderr)
+        return 2
     _set_ctrl_c(signal.SIG_IGN)
     say(summary_line(summary))
     if summary["mostly_skipped"]:

@@ -18,6 +18,7 @@ from rl_graphstep import buffer as buffer_module
 from rl_graphstep import cli, evaluate, memory, train
 from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.errors import ConfigError, TrainingInterrupted
+from rl_graphstep.flags import load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 # Tiny runs: nothing in the table gets as far as an update.
@@ -416,3 +417,32 @@ def test_a_stream_closed_at_the_start_is_the_null_device_and_keeps_its_descripto
                             stderr=subprocess.PIPE, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert int((tmp_path / "log").read_text()) > 2  # the file's own descriptor, nothing else
+
+
+def test_a_file_system_refusal_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """A name longer than the system takes (and any other OSError: a full disk, a run folder
+    deleted under the run) is one line and exit 2 in train, evaluate and --config."""
+    monkeypatch.chdir(tmp_path)
+    long = "x" * 300
+    for command, args in ((evaluate.main, [long]), (train.main, ["--resume", long]),
+                          (train.main, ["--config", f"{long}.yaml", *SMALL])):
+        assert command(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: File name too long: xxxx") and err.count("\n") == 1, err
+        assert len(err) < 140
+
+
+def test_a_config_file_cannot_resume_a_run(tmp_path: Path) -> None:
+    """--config with resume: would replace the run's own settings with the file's and the
+    defaults; the command line refuses --config with --resume, and so does the file."""
+    (tmp_path / "c.yaml").write_text(f"resume: {tmp_path / 'run'}\ntotal_timesteps: 800\n")
+    with pytest.raises(ConfigError, match="sets resume: a run is resumed with --resume RUN"):
+        load_config(["--config", str(tmp_path / "c.yaml")])
+
+
+def test_updates_per_step_has_an_upper_bound() -> None:
+    """10**9 updates in one iteration would never reach the loop's stop check."""
+    with pytest.raises(ConfigError, match="--updates-per-step must be at most 1000"):
+        load_config(["--updates-per-step", "1000000000"])
+    assert load_config(["--updates-per-step", "1000"]).updates_per_step == 1000
