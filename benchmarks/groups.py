@@ -13,9 +13,6 @@ as a finished run does (its checkpoint and replay buffer saved), never by a sign
 next resumes it with the full length (``--resume RUN --total-timesteps``). A group that runs
 to its end in one job needs no saved buffer: ``--no-save-buffer`` (handed on to the training
 command) spares the disk and the time of its saves (13 GiB each for SAC on Humanoid-v5).
-A group too long for one job whose buffer cannot be kept between jobs can run in parts, each
-a group of its own seeds: ``--first-seed 1 --seeds 2`` then ``--first-seed 3 --seeds 3`` (in
-``sac_humanoid_seeds_1-2`` and ``sac_humanoid_seeds_3-5``); ``table.py collect`` pools them.
 """
 
 from __future__ import annotations
@@ -37,11 +34,9 @@ GROUPS = [("sac", "HalfCheetah-v5"), ("sac", "Hopper-v5"), ("sac", "Walker2d-v5"
           ("td3", "Hopper-v5"), ("td3", "Walker2d-v5"), ("ddpg", "HalfCheetah-v5")]
 
 
-def run_name(algo: str, env_id: str, seeds: tuple[int, int] | None = None) -> str:
-    """``sac_halfcheetah`` for SAC on HalfCheetah-v5; ``sac_halfcheetah_seeds_3-5`` for the
-    part of that group that trains ``seeds`` (first, last)."""
-    name = f"{algo}_{env_id.split('-')[0].lower()}"
-    return name if seeds is None else f"{name}_seeds_{seeds[0]}-{seeds[1]}"
+def run_name(algo: str, env_id: str) -> str:
+    """``sac_halfcheetah`` for SAC on HalfCheetah-v5."""
+    return f"{algo}_{env_id.split('-')[0].lower()}"
 
 
 def steps_done(run_dir: Path) -> int:
@@ -61,7 +56,6 @@ def command(algo: str, env_id: str, run_dir: Path, done: int, args: argparse.Nam
         return [*train, "--resume", str(run_dir), "--total-timesteps", str(until),
                 "--no-progress"]
     return [*train, "--algo", algo, "--env", env_id, "--num-seeds", str(args.seeds),
-            *(["--seed", str(args.first_seed)] if args.first_seed is not None else []),
             "--total-timesteps", str(until), "--save-buffer", "--log-dir", str(run_dir.parent),
             "--run-name", run_dir.name, "--checkpoint-every", "100000", "--keep-checkpoints", "1",
             "--no-progress", *extra]
@@ -82,10 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", type=parse_group, action="append", metavar="ALGO:ENV",
                         help="run this group (repeatable; any env id); default: the table's nine")
     parser.add_argument("--log-dir", type=Path, default=Path("runs"))
-    parser.add_argument("--seeds", type=int, default=5, help="seeds per group (default: 5)")
-    parser.add_argument("--first-seed", type=int, default=None,
-                        help="train seeds N to N + --seeds - 1, a part of each group, in a "
-                             "folder of its own (default: the whole group, seeds 1-5)")
+    parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--total-timesteps", type=int, default=1_000_000,
                         help="each group's length (default: 1,000,000)")
     parser.add_argument("--job-steps", type=int, default=None,
@@ -95,9 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.log_dir = args.log_dir.resolve()  # the training commands run from the checkout
     failed = 0
     for algo, env_id in args.only or GROUPS:
-        part = (None if args.first_seed is None
-                else (args.first_seed, args.first_seed + args.seeds - 1))
-        run_dir = args.log_dir / run_name(algo, env_id, part)
+        run_dir = args.log_dir / run_name(algo, env_id)
         done = steps_done(run_dir)
         if done >= args.total_timesteps:
             print(f"{run_dir}: done ({done:,} steps)", flush=True)

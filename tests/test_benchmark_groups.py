@@ -51,15 +51,3 @@ def test_a_group_that_is_not_algo_env_is_refused(capsys: pytest.CaptureFixture[s
     assert "'ppo:Hopper-v5' is not ALGO:ENV" in capsys.readouterr().err
     assert groups.run_name("sac", "HalfCheetah-v5") == "sac_halfcheetah"
     assert len(set(groups.GROUPS)) == 9
-
-
-def test_a_group_in_parts_of_its_seeds_pools_into_one(tmp_path: Path) -> None:
-    common = ["--only", "td3:Pendulum-v1", "--log-dir", str(tmp_path), "--total-timesteps",
-              "300", "--device", "cpu", "--learning-starts", "200"]
-    assert groups.main([*common, "--first-seed", "1", "--seeds", "1"]) == 0
-    assert groups.main([*common, "--first-seed", "2", "--seeds", "2"]) == 0
-    parts = [tmp_path / "td3_pendulum_seeds_1-1", tmp_path / "td3_pendulum_seeds_2-3"]
-    assert [load_checkpoint(p)["config"]["seed"] for p in parts] == [1, 2]
-    assert [groups.steps_done(p) for p in parts] == [300, 300]
-    [group] = collect(parts, tmp_path / "results")
-    assert (group.algo, group.env_id, group.seeds) == ("td3", "Pendulum-v1", [1, 2, 3])
