@@ -28,7 +28,12 @@ from rl_graphstep.config import (
     saved_config_values,
     value_problem,
 )
-from rl_graphstep.configfile import default_config_file, read_config_file
+from rl_graphstep.configfile import (
+    DuplicateKeyError,
+    default_config_file,
+    load_yaml,
+    read_config_file,
+)
 from rl_graphstep.errors import ConfigError
 from rl_graphstep.seedgroup import check_resumed_seeds, check_seed_flags, group_seeds
 
@@ -184,7 +189,9 @@ def _parse_kwargs_flag(name: str, text: str) -> dict[str, Any]:
     """`--actor-kwargs '{"width": 128}'` (JSON, or YAML flow such as '{width: 128}')."""
     example = "'{\"width\": 128}'"
     try:
-        value = yaml.safe_load(text)
+        value = load_yaml(text)
+    except DuplicateKeyError as err:
+        raise ConfigError(f"{flag_of(name)} {text!r}: {err}; give it once") from None
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError(

@@ -205,6 +205,12 @@ def test_kwargs_flag_must_be_a_mapping(text: str) -> None:
     assert """'{"width": 128}'""" in message
 
 
+def test_a_kwargs_flag_with_a_key_given_twice_is_one_line() -> None:
+    assert one_line_error(["--critic-kwargs", "{depth: 2, width: 8, depth: 3}"], "twice") == (
+        "--critic-kwargs '{depth: 2, width: 8, depth: 3}': key 'depth' appears twice (line 1, "
+        "columns 2 and 22); give it once")
+
+
 def test_yaml_kwargs_and_the_flag_overrides_them(tmp_path: Path) -> None:
     path = write(
         tmp_path,
