@@ -58,6 +58,7 @@ __all__ = [
     "list_checkpoints",
     "load_checkpoint",
     "networks_mismatch",
+    "run_folder_of",
     "save_checkpoint",
     "set_aside_later",
 ]
@@ -239,6 +240,13 @@ def find_checkpoint(run_dir_or_file: Path | str) -> Path:
         raise CheckpointError(f"{shown} has no checkpoints in {folder}; "
                               "was it trained with --checkpoint-every?")
     return latest
+
+
+def run_folder_of(checkpoint: Path) -> Path:
+    """The run folder of a checkpoint file that :func:`find_checkpoint` gave
+    (``runs/x/checkpoints/step_*.pt`` -> ``runs/x``; a file elsewhere: its folder)."""
+    folder = checkpoint.parent
+    return folder.parent if folder.name == CHECKPOINT_DIR else folder
 
 
 def _close_runs_hint(path: Path) -> str:

@@ -28,7 +28,12 @@ from torch import nn
 
 from rl_graphstep.aggregate import group_returns
 from rl_graphstep.algorithms import ALGORITHMS, OffPolicyAlgorithm
-from rl_graphstep.checkpoint import CHECKPOINT_DIR, find_checkpoint, load_checkpoint
+from rl_graphstep.checkpoint import (
+    CHECKPOINT_DIR,
+    find_checkpoint,
+    load_checkpoint,
+    run_folder_of,
+)
 from rl_graphstep.cli import OneLineParser, end_startup_guard, exit_quietly
 from rl_graphstep.config import SEED_MAX, Config, config_from_dict, saved_config_values
 from rl_graphstep.console import say, seeds_text
@@ -140,7 +145,7 @@ def evaluate(run_dir: Path | str, episodes: int = 10, seed: int = 0, device: str
     cfg = config_from_dict(saved_config_values(state["config"]),
                            source=f"checkpoint {display_path(str(checkpoint))}")
     # File networks are recorded relative to the run folder, where the run keeps their copies.
-    folder = _run_folder(checkpoint)
+    folder = run_folder_of(checkpoint)
     cfg = dataclasses.replace(cfg, actor=run_relative(cfg.actor, folder),
                               critic=run_relative(cfg.critic, folder))
     members = _members(cfg, group_seed, asked, checkpoint)
@@ -327,12 +332,6 @@ def _member_weights(actor: nn.Module, weights: dict, num_seeds: int, member: int
     stack = SeedStack([actor] * num_seeds)  # copies: actor itself is left as built
     stack.load_state_dict(weights)
     return stack.member(member).state_dict()
-
-
-def _run_folder(checkpoint: Path) -> Path:
-    """The run folder of a checkpoint file (``runs/x/checkpoints/step_*.pt`` -> ``runs/x``)."""
-    folder = checkpoint.parent
-    return folder.parent if folder.name == CHECKPOINT_DIR else folder
 
 
 def _check_video_dependency() -> None:
