@@ -84,13 +84,14 @@ class OneLineParser(argparse.ArgumentParser):
         return f"unknown flag {name} ({hint})"
 
 
-def argument_list(argv: object, entry: str) -> list[str] | None:
+def argument_list(argv: object, entry: str, example: str = "['--env', 'Pendulum-v1']"
+                  ) -> list[str] | None:
     """``argv`` as a list of str (None stays None: ``sys.argv[1:]``). A Python caller's
     string would be parsed character by character, and anything else fail deep in
     argparse: ``TypeError`` naming the ``entry`` (``load_config()``) and what it takes."""
     if argv is None:
         return None
-    takes = f"{entry} takes a list of arguments such as ['--env', 'Pendulum-v1']"
+    takes = f"{entry} takes a list of arguments such as {example}"
     if isinstance(argv, str):
         raise TypeError(f"{takes}, got a str (split it into a list, as shlex.split does)")
     if isinstance(argv, bytes) or not isinstance(argv, Sequence):

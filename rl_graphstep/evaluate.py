@@ -14,6 +14,7 @@ if __name__ == "__main__":
 import argparse
 import dataclasses
 import importlib.util
+import os
 import re
 import sys
 from collections.abc import Sequence
@@ -34,7 +35,13 @@ from rl_graphstep.checkpoint import (
     load_checkpoint,
     run_folder_of,
 )
-from rl_graphstep.cli import OneLineParser, end_startup_guard, exit_quietly
+from rl_graphstep.cli import (
+    OneLineParser,
+    argument_list,
+    end_startup_guard,
+    exit_quietly,
+    type_name,
+)
 from rl_graphstep.config import SEED_MAX, Config, config_from_dict, saved_config_values
 from rl_graphstep.console import say, seeds_text
 from rl_graphstep.envs import check_continuous_spaces, make_vec_env, scale_action, seed_everything
@@ -131,6 +138,7 @@ def evaluate(run_dir: Path | str, episodes: int = 10, seed: int = 0, device: str
             ``group_seed`` that is not one of the group's, or given for a single run), an env
             that cannot be made or rendered, or a missing video dependency.
     """
+    _check_types(run_dir, episodes=episodes, seed=seed, group_seed=group_seed)
     if episodes < 1:
         raise ConfigError(f"--episodes must be a positive int, got {episodes}")
     if seed < 0:
@@ -169,6 +177,19 @@ def evaluate(run_dir: Path | str, episodes: int = 10, seed: int = 0, device: str
         say(group_table(group, f"{cfg.env_id}, {cfg.algo}, step {state['global_step']}",
                         episodes, note))
     return group
+
+
+def _check_types(run_dir: object, **counts: object) -> None:
+    """A Python caller's argument of the wrong type is a ``TypeError`` naming what to pass
+    (None or a string would otherwise fail deep in pathlib or in a comparison)."""
+    if not isinstance(run_dir, (str, os.PathLike)):
+        raise TypeError("evaluate() takes a run folder or a checkpoint file, as a str or a Path "
+                        f"such as 'runs/<run>', got {type_name(run_dir)}")
+    for name, value in counts.items():
+        if (value is not None or name != "group_seed") and (
+                isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"evaluate()'s {name} must be an int, got {value!r} "
+                            f"({type_name(value)})")
 
 
 def _seed_folder(run_dir: Path | str, group_seed: int | None, asked: str
@@ -402,7 +423,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry: one clear line and exit 2 on bad input, 130 on Ctrl-C."""
     try:
         end_startup_guard()  # from here on a Ctrl-C is the KeyboardInterrupt handled below
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(argument_list(
+            argv, "rl_graphstep.evaluate.main()", "['runs/<run>', '--episodes', '10']"))
         evaluate(args.run, episodes=args.episodes, seed=args.seed, device=args.device,
                  video=args.video, group_seed=args.group_seed)
     except RLGraphstepError as error:
