@@ -15,7 +15,6 @@ import argparse
 import dataclasses
 import importlib.util
 import os
-import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,7 +29,6 @@ from torch import nn
 from rl_graphstep.aggregate import group_returns
 from rl_graphstep.algorithms import ALGORITHMS, OffPolicyAlgorithm
 from rl_graphstep.checkpoint import (
-    CHECKPOINT_DIR,
     find_checkpoint,
     load_checkpoint,
     run_folder_of,
@@ -57,6 +55,7 @@ from rl_graphstep.netcheck import evaluation_action
 from rl_graphstep.netspec import make_networks, run_relative
 from rl_graphstep.plan import resolve_device
 from rl_graphstep.plugins import NetworkSpec
+from rl_graphstep.runfolders import group_seed_folder
 from rl_graphstep.seeds import SeedStack
 
 __all__ = ["EvaluationResult", "GroupEvaluation", "evaluate", "main"]
@@ -198,11 +197,10 @@ def _seed_folder(run_dir: Path | str, group_seed: int | None, asked: str
     folder holds that seed's logs, the group's folder its checkpoints); other paths as given.
     ``asked``: how the seed was asked for, for the messages."""
     path = Path(run_dir)
-    match = re.fullmatch(r"seed_(\d+)", path.name)
-    if (match is None or (path / CHECKPOINT_DIR).exists()
-            or not (path.parent / CHECKPOINT_DIR).is_dir()):
+    seed_folder = group_seed_folder(path)
+    if seed_folder is None:
         return run_dir, group_seed, asked
-    named, shown = int(match.group(1)), display_path(str(path))
+    named, shown = seed_folder[1], display_path(str(path))
     if group_seed is not None and group_seed != named:
         raise ConfigError(f"{asked} and the seed folder {shown} name two different seeds; "
                           "give one of them")
