@@ -248,6 +248,7 @@ def load_config(argv: Sequence[str] | None = None, *,
                                "the resumed run's config")
         check_resumed_seeds(group_seeds(*(saved.get(name, FIELDS[name].default)
                                           for name in ("seed", "num_seeds", "seeds"))), given)
+        check_resumed_task(saved, given)
         if given.get("resume") is not None and ("run_name" in given or "log_dir" in given):
             check_resumed_folder(given["resume"], given)
         return Config(**{**saved, **given})
@@ -258,6 +259,19 @@ def load_config(argv: Sequence[str] | None = None, *,
     from_file = read_config_file(config_file) if config_file is not None else {}
     # Flag values are typed by argparse; Config checks their values with --flag naming.
     return Config(**{**from_file, **given})
+
+
+def check_resumed_task(saved: Mapping[str, Any], given: Mapping[str, Any]) -> None:
+    """A run resumes on its own env with its own algorithm: its networks, optimizers and
+    replay buffer are theirs."""
+    run_env = saved.get("env_id", FIELDS["env_id"].default)
+    run_algo = saved.get("algo", FIELDS["algo"].default)
+    for name, own in (("env_id", run_env), ("algo", run_algo)):
+        if name in given and given[name] != own:
+            flag = "--env" if name == "env_id" else flag_of(name)
+            raise ConfigError(f"{flag} {given[name]} does not match: the resumed run is "
+                              f"{run_algo} on {run_env}, and a run resumes with its own env "
+                              f"and algorithm; drop {flag}")
 
 
 def check_resumed_folder(resume: str, given: Mapping[str, Any]) -> None:

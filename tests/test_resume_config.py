@@ -99,6 +99,11 @@ def test_a_config_built_by_hand_with_other_seeds_is_one_line(run: Path) -> None:
      "folder and name (runs/run); drop --log-dir and --run-name"),
     (["--seed", "4"], "--seed 4 does not match: the resumed run has 1 seed (1), and a run "
                       "resumes with its own seeds; drop --seed"),
+    (["--algo", "td3"], "--algo td3 does not match: the resumed run is sac on Pendulum-v1, and "
+                        "a run resumes with its own env and algorithm; drop --algo"),
+    (["--env-id", "MountainCarContinuous-v0"], "--env MountainCarContinuous-v0 does not match: "
+     "the resumed run is sac on Pendulum-v1, and a run resumes with its own env and algorithm; "
+     "drop --env"),
 ])
 def test_a_resume_refuses_a_folder_name_or_seed_it_would_not_keep(
         run: Path, flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
