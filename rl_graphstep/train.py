@@ -61,11 +61,14 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None,
     ``cls(observation_space, action_space, **cfg.actor_kwargs)``), a built module, or a
     ``package.module:Class`` / ``path/file.py:Class`` string. ``rl_graphstep.networks``
     documents the protocol they meet. With ``cfg.resume`` the run continues from the latest
-    checkpoint in that folder. ``report(step, recent)``, where given, is called at each log
-    interval with every seed's recent episode returns (a sweep's progress, for one). ``cpus``:
-    the CPUs the run may use, where it shares its machine's (a sweep's trial holds a few);
-    they decide ``--vec-env auto`` and the shared env's workers. By default, every CPU the
-    process may run on.
+    checkpoint in that folder, with ``cfg`` as its whole config: build it with
+    ``load_config(["--resume", RUN, ...])``, which starts from the run's saved one. The start
+    line names each setting that differs from the run's; the run keeps its folder, name and
+    seeds (other seeds are a ConfigError). ``report(step, recent)``, where given, is called
+    at each log interval with every seed's recent episode returns (a sweep's progress, for
+    one). ``cpus``: the CPUs the run may use, where it shares its machine's (a sweep's trial
+    holds a few); they decide ``--vec-env auto`` and the shared env's workers. By default,
+    every CPU the process may run on.
 
     The run records the spec of each custom network in its checkpoints' config, so that
     ``--resume`` and ``evaluate`` rebuild it (``rl_graphstep.netspec`` says how). A built
