@@ -168,7 +168,8 @@ def restore_run(state: dict[str, Any], learner: OffPolicyLearner, progress: Prog
 
 
 def _same_kind(saved: gym.vector.VectorEnv, envs: gym.vector.VectorEnv) -> bool:
-    return type(saved) is type(envs) and saved.num_envs == envs.num_envs
+    # By kind, not class: a checkpoint's one sync env may predate OneEnvVector.
+    return _kind(saved) == _kind(envs)
 
 
 # The --vec-env kind of each vector env class make_vec_env builds.
