@@ -45,6 +45,7 @@ import torch
 
 from rl_graphstep.config import plain_value
 from rl_graphstep.errors import CheckpointError, display_path, first_line
+from rl_graphstep.runfolders import CHECKPOINT_DIR, not_a_run
 
 __all__ = [
     "CHECKPOINT_DIR",
@@ -58,6 +59,7 @@ __all__ = [
     "list_checkpoints",
     "load_checkpoint",
     "networks_mismatch",
+    "run_folder_of",
     "save_checkpoint",
     "set_aside_later",
 ]
@@ -68,8 +70,6 @@ FORMAT = 1
 REQUIRED_KEYS: tuple[str, ...] = ("format", "config", "global_step", "agent")
 """The keys every checkpoint has; ``load_checkpoint`` refuses a dict without them."""
 
-CHECKPOINT_DIR = "checkpoints"
-"""The folder of a run that holds its checkpoints."""
 
 _NAME = re.compile(r"step_(\d+)\.pt")
 PARTIAL_FILES = ".step_*.tmp"
@@ -236,9 +236,19 @@ def find_checkpoint(run_dir_or_file: Path | str) -> Path:
         latest = found[-1] if found else None
     if latest is None:
         folder = display_path(str(path / CHECKPOINT_DIR))
-        raise CheckpointError(f"{shown} has no checkpoints in {folder}; "
-                              "was it trained with --checkpoint-every?")
+        # A run saves every --checkpoint-every steps and at its end, however it is stopped:
+        # one without any ended before its first (killed, or failed), or is no run at all.
+        raise CheckpointError(not_a_run(path, shown) or (
+            f"{shown} has no checkpoints in {folder}: it is not a run's folder, or its run "
+            "ended before the first save (every --checkpoint-every steps and at the end)"))
     return latest
+
+
+def run_folder_of(checkpoint: Path) -> Path:
+    """The run folder of a checkpoint file that :func:`find_checkpoint` gave
+    (``runs/x/checkpoints/step_*.pt`` -> ``runs/x``; a file elsewhere: its folder)."""
+    folder = checkpoint.parent
+    return folder.parent if folder.name == CHECKPOINT_DIR else folder
 
 
 def _close_runs_hint(path: Path) -> str:

@@ -12,12 +12,13 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import FrameType
 from typing import NoReturn
 
 __all__ = [
     "OneLineParser",
+    "argument_list",
     "end_startup_guard",
     "exit_quietly",
     "open_closed_streams",
@@ -81,6 +82,33 @@ class OneLineParser(argparse.ArgumentParser):
         close = difflib.get_close_matches(name, self.flags(), n=1, cutoff=0.6)
         hint = f"did you mean {close[0]}?" if close else f"see {self.prog} --help"
         return f"unknown flag {name} ({hint})"
+
+
+def argument_list(argv: object, entry: str, example: str = "['--env', 'Pendulum-v1']"
+                  ) -> list[str] | None:
+    """``argv`` as a list of str (None stays None: ``sys.argv[1:]``). A Python caller's
+    string would be parsed character by character, and anything else fail deep in
+    argparse: ``TypeError`` naming the ``entry`` (``load_config()``) and what it takes."""
+    if argv is None:
+        return None
+    takes = f"{entry} takes a list of arguments such as {example}"
+    if isinstance(argv, str):
+        raise TypeError(f"{takes}, got a str (split it into a list, as shlex.split does)")
+    if isinstance(argv, bytes) or not isinstance(argv, Sequence):
+        raise TypeError(f"{takes}, got {type_name(argv)}")
+    for position, item in enumerate(argv):
+        if not isinstance(item, str):
+            raise TypeError(f"{takes}, each a str, got {item!r} ({type_name(item)}) at "
+                            f"position {position}")
+    return list(argv)
+
+
+def type_name(value: object) -> str:
+    """``a dict``, ``an int``, ``None``: what a wrong argument was, for a TypeError's line."""
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    return f"{'an' if name[0] in 'aeiouAEIOU' else 'a'} {name}"
 
 
 def _interrupted_during_startup(_signum: int, _frame: FrameType | None) -> None:

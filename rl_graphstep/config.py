@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rl_graphstep.algorithms import ALGORITHMS
+from rl_graphstep.cli import type_name
 from rl_graphstep.errors import ConfigError
 from rl_graphstep.fieldtypes import typed_value
 from rl_graphstep.seedgroup import (
@@ -392,6 +393,9 @@ def coerce_mapping(data: Mapping[Any, Any], source: str) -> dict[str, Any]:
 
 def config_from_dict(data: Mapping[str, Any], source: str = "the config mapping") -> Config:
     """Build a Config from a (partial) mapping of field names; missing keys keep defaults."""
+    if not isinstance(data, Mapping):
+        raise TypeError("config_from_dict() takes a mapping of settings such as "
+                        f"{{'batch_size': 64}}, got {type_name(data)}")
     return Config(**coerce_mapping(data, source))
 
 

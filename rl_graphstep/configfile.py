@@ -1,4 +1,6 @@
-"""The YAML config files: the shipped one tuned for an env's family, and reading one file."""
+"""The YAML config files: the shipped one tuned for an env's family, and reading one file;
+the YAML loader every file and flag the project reads goes through (a key given twice is an
+error, not the last value silently)."""
 
 from __future__ import annotations
 
@@ -32,6 +34,42 @@ MUJOCO_ENVS: frozenset[str] = frozenset(
     }
 )
 
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping of a YAML text gives one key twice, at ``first`` and at ``second``."""
+
+    def __init__(self, key: Any, first: yaml.Mark, second: yaml.Mark) -> None:
+        where = (f"lines {first.line + 1} and {second.line + 1}" if first.line != second.line
+                 else f"line {first.line + 1}, columns {first.column + 1} and "
+                      f"{second.column + 1}")
+        super().__init__(f"key {key!r} appears twice ({where})")
+        self.key = key
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping, at any depth (the
+    safe loader keeps the last value, so the line a user edited may be the one ignored)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        # Checked before the base class flattens `<<` merges, whose keys a mapping may
+        # override by design.
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if first is not key_node.start_mark:
+                raise DuplicateKeyError(key, first, key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse one YAML document safely; a key given twice raises :class:`DuplicateKeyError`."""
+    return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader: builds plain values only
 
 
 def default_config_file(env_id: str, algo: str = "sac") -> Traversable | None:
@@ -76,7 +114,9 @@ def read_yaml_mapping(path: Path | Traversable | str, kind: str = "config file"
         what = "is not a file" if isinstance(path, Path) and path.exists() else "does not exist"
         raise ConfigError(f"{kind} {name!r} {what}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = load_yaml(path.read_text(encoding="utf-8"))
+    except DuplicateKeyError as err:
+        raise ConfigError(f"{kind} {name!r}: {err}; keep one of them") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -14,7 +14,7 @@ if __name__ == "__main__":
 import argparse
 import dataclasses
 import importlib.util
-import re
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,8 +28,18 @@ from torch import nn
 
 from rl_graphstep.aggregate import group_returns
 from rl_graphstep.algorithms import ALGORITHMS, OffPolicyAlgorithm
-from rl_graphstep.checkpoint import CHECKPOINT_DIR, find_checkpoint, load_checkpoint
-from rl_graphstep.cli import OneLineParser, end_startup_guard, exit_quietly
+from rl_graphstep.checkpoint import (
+    find_checkpoint,
+    load_checkpoint,
+    run_folder_of,
+)
+from rl_graphstep.cli import (
+    OneLineParser,
+    argument_list,
+    end_startup_guard,
+    exit_quietly,
+    type_name,
+)
 from rl_graphstep.config import SEED_MAX, Config, config_from_dict, saved_config_values
 from rl_graphstep.console import say, seeds_text
 from rl_graphstep.envs import check_continuous_spaces, make_vec_env, scale_action, seed_everything
@@ -45,6 +55,7 @@ from rl_graphstep.netcheck import evaluation_action
 from rl_graphstep.netspec import make_networks, run_relative
 from rl_graphstep.plan import resolve_device
 from rl_graphstep.plugins import NetworkSpec
+from rl_graphstep.runfolders import group_seed_folder
 from rl_graphstep.seeds import SeedStack
 
 __all__ = ["EvaluationResult", "GroupEvaluation", "evaluate", "main"]
@@ -126,6 +137,7 @@ def evaluate(run_dir: Path | str, episodes: int = 10, seed: int = 0, device: str
             ``group_seed`` that is not one of the group's, or given for a single run), an env
             that cannot be made or rendered, or a missing video dependency.
     """
+    _check_types(run_dir, episodes=episodes, seed=seed, group_seed=group_seed)
     if episodes < 1:
         raise ConfigError(f"--episodes must be a positive int, got {episodes}")
     if seed < 0:
@@ -140,7 +152,7 @@ def evaluate(run_dir: Path | str, episodes: int = 10, seed: int = 0, device: str
     cfg = config_from_dict(saved_config_values(state["config"]),
                            source=f"checkpoint {display_path(str(checkpoint))}")
     # File networks are recorded relative to the run folder, where the run keeps their copies.
-    folder = _run_folder(checkpoint)
+    folder = run_folder_of(checkpoint)
     cfg = dataclasses.replace(cfg, actor=run_relative(cfg.actor, folder),
                               critic=run_relative(cfg.critic, folder))
     members = _members(cfg, group_seed, asked, checkpoint)
@@ -166,17 +178,29 @@ def evaluate(run_dir: Path | str, episodes: int = 10, seed: int = 0, device: str
     return group
 
 
+def _check_types(run_dir: object, **counts: object) -> None:
+    """A Python caller's argument of the wrong type is a ``TypeError`` naming what to pass
+    (None or a string would otherwise fail deep in pathlib or in a comparison)."""
+    if not isinstance(run_dir, (str, os.PathLike)):
+        raise TypeError("evaluate() takes a run folder or a checkpoint file, as a str or a Path "
+                        f"such as 'runs/<run>', got {type_name(run_dir)}")
+    for name, value in counts.items():
+        if (value is not None or name != "group_seed") and (
+                isinstance(value, bool) or not isinstance(value, int)):
+            raise TypeError(f"evaluate()'s {name} must be an int, got {value!r} "
+                            f"({type_name(value)})")
+
+
 def _seed_folder(run_dir: Path | str, group_seed: int | None, asked: str
                  ) -> tuple[Path | str, int | None, str]:
     """A group's seed folder ``<group>/seed_<s>`` as the group's folder and seed ``s`` (the
     folder holds that seed's logs, the group's folder its checkpoints); other paths as given.
     ``asked``: how the seed was asked for, for the messages."""
     path = Path(run_dir)
-    match = re.fullmatch(r"seed_(\d+)", path.name)
-    if (match is None or (path / CHECKPOINT_DIR).exists()
-            or not (path.parent / CHECKPOINT_DIR).is_dir()):
+    seed_folder = group_seed_folder(path)
+    if seed_folder is None:
         return run_dir, group_seed, asked
-    named, shown = int(match.group(1)), display_path(str(path))
+    named, shown = seed_folder[1], display_path(str(path))
     if group_seed is not None and group_seed != named:
         raise ConfigError(f"{asked} and the seed folder {shown} name two different seeds; "
                           "give one of them")
@@ -329,12 +353,6 @@ def _member_weights(actor: nn.Module, weights: dict, num_seeds: int, member: int
     return stack.member(member).state_dict()
 
 
-def _run_folder(checkpoint: Path) -> Path:
-    """The run folder of a checkpoint file (``runs/x/checkpoints/step_*.pt`` -> ``runs/x``)."""
-    folder = checkpoint.parent
-    return folder.parent if folder.name == CHECKPOINT_DIR else folder
-
-
 def _check_video_dependency() -> None:
     # RecordVideo only imports moviepy when it writes the first video; fail before any episode.
     if importlib.util.find_spec("moviepy") is None:
@@ -403,7 +421,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry: one clear line and exit 2 on bad input, 130 on Ctrl-C."""
     try:
         end_startup_guard()  # from here on a Ctrl-C is the KeyboardInterrupt handled below
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(argument_list(
+            argv, "rl_graphstep.evaluate.main()", "['runs/<run>', '--episodes', '10']"))
         evaluate(args.run, episodes=args.episodes, seed=args.seed, device=args.device,
                  video=args.video, group_seed=args.group_seed)
     except RLGraphstepError as error:

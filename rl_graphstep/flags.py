@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from rl_graphstep.cli import OneLineParser
+from rl_graphstep.checkpoint import find_checkpoint, load_checkpoint, run_folder_of
+from rl_graphstep.cli import OneLineParser, argument_list, type_name
 from rl_graphstep.config import (
     CHOICES,
     FIELD_TYPES,
@@ -28,8 +29,13 @@ from rl_graphstep.config import (
     saved_config_values,
     value_problem,
 )
-from rl_graphstep.configfile import default_config_file, read_config_file
-from rl_graphstep.errors import ConfigError
+from rl_graphstep.configfile import (
+    DuplicateKeyError,
+    default_config_file,
+    load_yaml,
+    read_config_file,
+)
+from rl_graphstep.errors import ConfigError, display_path
 from rl_graphstep.seedgroup import check_resumed_seeds, check_seed_flags, group_seeds
 
 if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11+; the package supports 3.10
@@ -184,7 +190,9 @@ def _parse_kwargs_flag(name: str, text: str) -> dict[str, Any]:
     """`--actor-kwargs '{"width": 128}'` (JSON, or YAML flow such as '{width: 128}')."""
     example = "'{\"width\": 128}'"
     try:
-        value = yaml.safe_load(text)
+        value = load_yaml(text)
+    except DuplicateKeyError as err:
+        raise ConfigError(f"{flag_of(name)} {text!r}: {err}; give it once") from None
     except yaml.YAMLError as err:
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise ConfigError(
@@ -203,6 +211,7 @@ def _parse_kwargs_flag(name: str, text: str) -> dict[str, Any]:
 
 def command_line_values(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """The flags given on the command line (and ``config``), typed; defaults left out."""
+    argv = argument_list(argv, "command_line_values()")
     given = vars(build_parser(help_defaults(argv)).parse_args(argv))
     for name in ("hidden_sizes", "seeds"):
         if name in given:
@@ -218,11 +227,19 @@ def load_config(argv: Sequence[str] | None = None, *,
                 base: Mapping[str, Any] | None = None) -> Config:
     """Parse argv (sys.argv[1:] when None) into a validated Config; user errors: ConfigError.
 
-    ``base`` (a resumed run's own config) replaces the defaults and YAML files; the flags
-    given still override it.
+    With ``--resume RUN`` the run's own config, from its latest checkpoint, replaces the
+    defaults and YAML files, so that the command line and ``train(load_config([...]))`` from
+    Python resume alike; the flags given still override it, but for what a run keeps (its
+    folder, name and seeds). ``base``: that config where the caller has already loaded it.
     """
+    argv = argument_list(argv, "load_config()")
+    if base is not None and not isinstance(base, Mapping):
+        raise TypeError(f"load_config()'s base takes a checkpoint's config mapping, got "
+                        f"{type_name(base)}")
     given = command_line_values(argv)
     config_file = given.pop("config", None)
+    if base is None and given.get("resume") is not None:
+        base = load_checkpoint(given["resume"])["config"]
     if base is not None:
         if config_file is not None:
             raise ConfigError("--config cannot be combined with --resume: a resumed run keeps "
@@ -231,6 +248,9 @@ def load_config(argv: Sequence[str] | None = None, *,
                                "the resumed run's config")
         check_resumed_seeds(group_seeds(*(saved.get(name, FIELDS[name].default)
                                           for name in ("seed", "num_seeds", "seeds"))), given)
+        check_resumed_task(saved, given)
+        if given.get("resume") is not None and ("run_name" in given or "log_dir" in given):
+            check_resumed_folder(given["resume"], given)
         return Config(**{**saved, **given})
     if config_file is None:
         # The env's shipped file for the --algo given (a --config file replaces it altogether).
@@ -239,3 +259,29 @@ def load_config(argv: Sequence[str] | None = None, *,
     from_file = read_config_file(config_file) if config_file is not None else {}
     # Flag values are typed by argparse; Config checks their values with --flag naming.
     return Config(**{**from_file, **given})
+
+
+def check_resumed_task(saved: Mapping[str, Any], given: Mapping[str, Any]) -> None:
+    """A run resumes on its own env with its own algorithm: its networks, optimizers and
+    replay buffer are theirs."""
+    run_env = saved.get("env_id", FIELDS["env_id"].default)
+    run_algo = saved.get("algo", FIELDS["algo"].default)
+    for name, own in (("env_id", run_env), ("algo", run_algo)):
+        if name in given and given[name] != own:
+            flag = "--env" if name == "env_id" else flag_of(name)
+            raise ConfigError(f"{flag} {given[name]} does not match: the resumed run is "
+                              f"{run_algo} on {run_env}, and a run resumes with its own env "
+                              f"and algorithm; drop {flag}")
+
+
+def check_resumed_folder(resume: str, given: Mapping[str, Any]) -> None:
+    """A resumed run trains on in its own folder: a --run-name or --log-dir that names
+    another would be recorded in its checkpoints while it does not."""
+    folder = run_folder_of(find_checkpoint(resume))
+    moved = [name for name, differs in (
+        ("log_dir", lambda v: Path(v).resolve() != folder.parent.resolve()),
+        ("run_name", lambda v: v != folder.name)) if name in given and differs(given[name])]
+    if moved:
+        flags = " and ".join(flag_of(name) for name in moved)
+        raise ConfigError(f"{flags} cannot be combined with --resume: the resumed run keeps its "
+                          f"folder and name ({display_path(str(folder))}); drop {flags}")

@@ -14,18 +14,11 @@ from torch.utils.tensorboard import SummaryWriter
 from rl_graphstep.aggregate import group_returns
 from rl_graphstep.logger import EventLog, Logger
 from rl_graphstep.metrics import MetricSums
-
-AGGREGATE_DIR = "aggregate"
-"""The folder of the group's aggregate curves, beside the seeds' folders."""
+from rl_graphstep.runfolders import AGGREGATE_DIR, seed_dir_name
 
 # The aggregate run's tags, from aggregate.group_returns' keys.
 AGGREGATE_TAGS = {key: f"charts/episodic_return_{key}"
                   for key in ("mean", "min", "iqm", "iqm_low", "iqm_high")}
-
-
-def seed_dir_name(seed: int) -> str:
-    """The folder of one seed's run inside the group's: ``seed_3``."""
-    return f"seed_{seed}"
 
 
 class GroupLogger(EventLog):

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import NamedTuple
 
-from rl_graphstep.checkpoint import CHECKPOINT_DIR, PARTIAL_FILES, find_checkpoint
+from rl_graphstep.checkpoint import CHECKPOINT_DIR, PARTIAL_FILES, find_checkpoint, run_folder_of
 from rl_graphstep.config import Config
 from rl_graphstep.errors import ConfigError, RunFolderError, display_path
 
@@ -95,12 +95,11 @@ def claim_run_dir(path: Path) -> Path:
 
 
 def run_dir_of(cfg: Config) -> Path:
-    """The resumed run's folder, or a new one under ``cfg.log_dir``."""
+    """The resumed run's folder (that of the checkpoint ``cfg.resume`` picks: it may name
+    the run, its ``checkpoints/`` or a checkpoint file), or a new one under ``cfg.log_dir``."""
     if not cfg.resume:
         return Path(cfg.log_dir) / run_name(cfg)
-    path = Path(cfg.resume)
-    # A checkpoint file lies in runs/<run>/checkpoints/step_N.pt.
-    return path.parent.parent if path.is_file() else path
+    return run_folder_of(find_checkpoint(cfg.resume))
 
 
 def own_run_dir(cfg: Config, run_dir: Path, owned: contextlib.ExitStack) -> None:

@@ -44,7 +44,7 @@ from rl_graphstep.rundir import (
     run_dir_of,
 )
 from rl_graphstep.runlog import RunLog
-from rl_graphstep.runstate import Progress, restore_run
+from rl_graphstep.runstate import Progress, restore_run, resumed_config
 from rl_graphstep.seeds import SeedStack
 
 Reporter = Callable[[int, list[list[float]]], None]
@@ -82,6 +82,9 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
         own_run_dir(cfg, run_dir, owned)
     resumed = (load_checkpoint(cfg.resume, env_id=cfg.env_id, algo=cfg.algo)
                if cfg.resume else None)
+    changes = ""
+    if resumed is not None:  # trained and recorded in its own folder, as it was or told
+        cfg, changes = resumed_config(cfg, resumed["config"], run_dir)
     if resumed is None and not by_clock and list_checkpoints(run_dir):
         raise ConfigError(f"{run_dir} already holds a run with checkpoints; continue it with "
                           "--resume or pick another --run-name")
@@ -135,7 +138,7 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     log = RunLog.open(cfg, run_dir, progress.global_step, resumed=bool(resumed))
     first_line = (f"{run_dir}: {cfg.algo.upper()} on {cfg.env_id}, {device}; "
                   f"{buffer.describe()}" + describe_networks(custom)
-                  + (f"; resumed at step {progress.global_step}" if resumed else "")
+                  + (f"; resumed at step {progress.global_step}{changes}" if resumed else "")
                   + (f"; later checkpoints moved to {set_aside}" if set_aside else "")
                   + (f"; {removed.describe()}" if removed else ""))
     return Run(cfg, run_dir, progress, learner, collector, plan, log,

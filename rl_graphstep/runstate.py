@@ -3,6 +3,7 @@ learner, the replay buffer, the random-number states, the environments."""
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import warnings
 from collections import deque
@@ -16,9 +17,15 @@ import numpy as np
 
 from rl_graphstep.checkpoint import FORMAT, networks_mismatch, save_checkpoint
 from rl_graphstep.collector import Collector
-from rl_graphstep.config import Config, config_to_dict
+from rl_graphstep.config import (
+    Config,
+    config_from_dict,
+    config_to_dict,
+    flag_of,
+    saved_config_values,
+)
 from rl_graphstep.envs import EpisodeStatistics, rng_state, set_rng_state
-from rl_graphstep.errors import CheckpointError
+from rl_graphstep.errors import CheckpointError, ConfigError, display_path
 from rl_graphstep.learners import OffPolicyLearner
 from rl_graphstep.nonfinite import NonFiniteTally
 
@@ -56,6 +63,39 @@ class Progress:
     @property
     def grouped(self) -> bool:
         return len(self.tallies) > 1
+
+
+# Settings a resumed run takes from its folder, or that the start line shows anyway.
+_NOT_CHANGES = ("resume", "log_dir", "run_name", "total_timesteps", "actor", "critic", "seed",
+                "num_seeds", "seeds")
+
+
+def resumed_config(cfg: Config, saved: dict[str, Any], run_dir: Path) -> tuple[Config, str]:
+    """The config a run resumed in ``run_dir`` trains with and records, and the start line's
+    words for the settings that differ from the run's ``saved`` config (``""`` for none).
+
+    Its folder and name are where it trains, whatever ``cfg`` says. Its seeds are its own:
+    ``cfg`` built by hand (not by ``load_config(["--resume", RUN, ...])``, which starts from
+    the run's config and refuses other seeds) is one line when they differ."""
+    run = config_from_dict(saved_config_values(saved),
+                           source=f"the config of {display_path(str(run_dir))}")
+    if cfg.seed_list != run.seed_list:
+        raise ConfigError(
+            f"the config's seeds ({' '.join(map(str, cfg.seed_list))}) are not those of the "
+            f"resumed run {display_path(str(run_dir))} ({' '.join(map(str, run.seed_list))}): a "
+            "run resumes with its own seeds; build the config with load_config(['--resume', "
+            "RUN, ...]), which starts from the run's own")
+    cfg = dataclasses.replace(cfg, log_dir=str(run_dir.parent), run_name=run_dir.name)
+    before, now = config_to_dict(run), config_to_dict(cfg)
+    changed = [f"{flag_of(name)} {_shown(before[name])} -> {_shown(now[name])}"
+               for name in now if name not in _NOT_CHANGES and now[name] != before[name]]
+    return cfg, ("; changed from the run's config: " + ", ".join(changed)) if changed else ""
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return " ".join(map(str, value))
+    return "none" if value is None else str(value)
 
 
 def _pickled_envs(envs: gym.vector.VectorEnv) -> bytes | None:
@@ -109,15 +149,38 @@ def restore_run(state: dict[str, Any], learner: OffPolicyLearner, progress: Prog
     progress.episodes = int(state["episodes"])
     _load_progress_state(progress, state, learner.updates)
     set_rng_state(state["rng"])
-    if state.get("envs") is not None:
+    saved = pickle.loads(state["envs"]) if state.get("envs") is not None else None
+    if saved is not None and _same_kind(saved, envs):
         if state.get("episode_stats") is not None:
             progress.episode_stats.load_state_dict(state["episode_stats"])
         envs.close()
-        return pickle.loads(state["envs"]), state["observations"]
-    warnings.warn("the environments could not be saved with the checkpoint; their episodes "
-                  "restart on resume", stacklevel=3)
+        return saved, state["observations"]
+    if saved is None:
+        why = "the environments could not be saved with the checkpoint"
+    else:
+        # Another --num-envs or --vec-env: the envs the run asked for, not the saved ones
+        # (which would step as many as before, as before, while the run said otherwise).
+        saved.close()
+        why = f"the checkpoint holds {_kind(saved)}, this run steps {_kind(envs)}"
+    warnings.warn(f"{why}; their episodes restart on resume", stacklevel=3)
     observations, _ = envs.reset()
     return envs, observations
+
+
+def _same_kind(saved: gym.vector.VectorEnv, envs: gym.vector.VectorEnv) -> bool:
+    # By kind, not class: a checkpoint's one sync env may predate OneEnvVector.
+    return _kind(saved) == _kind(envs)
+
+
+# The --vec-env kind of each vector env class make_vec_env builds.
+_KINDS = {"OneEnvVector": "sync", "SyncVectorEnv": "sync", "AsyncVectorEnv": "async",
+          "SharedMemoryVectorEnv": "shared"}
+
+
+def _kind(envs: gym.vector.VectorEnv) -> str:
+    """``2 sync envs``, as --num-envs and --vec-env name them."""
+    kind = _KINDS.get(type(envs).__name__, type(envs).__name__)
+    return f"{envs.num_envs} {kind} env{'s' if envs.num_envs > 1 else ''}"
 
 
 def _progress_state(progress: Progress, learner: OffPolicyLearner) -> dict[str, Any]:

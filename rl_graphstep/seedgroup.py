@@ -76,9 +76,9 @@ def check_seed_flags(given: Mapping[str, Any]) -> None:
 
 
 def check_resumed_seeds(seeds: tuple[int, ...], given: Mapping[str, Any]) -> None:
-    """A group resumes with the seeds it started with, ``seeds``: its checkpoint holds one
-    state per seed. A single run keeps what it always did (a --seed given on resume changes
-    nothing that the checkpoint restores)."""
+    """A run resumes with the seeds it started with, ``seeds``: its checkpoint holds one state
+    per seed and every random generator's state. Another --seed would change nothing but the
+    config its checkpoints record, a single run's included."""
     count = "1 seed" if len(seeds) == 1 else f"{len(seeds)} seeds"
     which = f"the resumed run has {count} ({' '.join(map(str, seeds))})"
     if "num_seeds" in given and given["num_seeds"] != len(seeds):
@@ -87,6 +87,6 @@ def check_resumed_seeds(seeds: tuple[int, ...], given: Mapping[str, Any]) -> Non
     if "seeds" in given and tuple(given["seeds"]) != seeds:
         raise ConfigError(f"--seeds {' '.join(map(str, given['seeds']))} does not match: "
                           f"{which}, and a run resumes with its own seeds; drop --seeds")
-    if "seed" in given and len(seeds) > 1 and given["seed"] != seeds[0]:
+    if "seed" in given and given["seed"] != seeds[0]:
         raise ConfigError(f"--seed {given['seed']} does not match: {which}, and a run "
                           "resumes with its own seeds; drop --seed")

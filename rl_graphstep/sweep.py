@@ -28,6 +28,7 @@ import yaml
 
 from rl_graphstep.aggregate import iqm, seed_means
 from rl_graphstep.checkpoint import list_checkpoints
+from rl_graphstep.cli import argument_list
 from rl_graphstep.config import config_to_dict
 from rl_graphstep.console import say
 from rl_graphstep.errors import ConfigError, RunFolderError, first_line, os_error_line
@@ -275,6 +276,7 @@ def _cell(value: Any) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry: 0 when every trial finished, 1 when some failed, 2 on bad input,
     128 + the signal when stopped (Ctrl-C or SIGTERM; ``--resume`` continues)."""
+    argv = argument_list(argv, "rl_graphstep.sweep.main()", "['sweep.yaml', '--log-dir', 'runs']")
     args = _parser().parse_args(argv)
     stopped_by: list[int] = []
     try:

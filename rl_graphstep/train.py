@@ -26,8 +26,7 @@ import numpy as np
 import torch
 
 from rl_graphstep.acting import policy_pipe
-from rl_graphstep.checkpoint import load_checkpoint
-from rl_graphstep.cli import end_startup_guard, exit_quietly
+from rl_graphstep.cli import argument_list, end_startup_guard, exit_quietly, type_name
 from rl_graphstep.compiling import quiet_compiler
 from rl_graphstep.config import Config
 from rl_graphstep.console import say, summary_line
@@ -38,7 +37,7 @@ from rl_graphstep.errors import (
     TrainingInterrupted,
     os_error_line,
 )
-from rl_graphstep.flags import command_line_values, load_config
+from rl_graphstep.flags import load_config
 from rl_graphstep.nonfinite import (
     mostly_skipped,
     mostly_skipped_message,
@@ -62,11 +61,14 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None,
     ``cls(observation_space, action_space, **cfg.actor_kwargs)``), a built module, or a
     ``package.module:Class`` / ``path/file.py:Class`` string. ``rl_graphstep.networks``
     documents the protocol they meet. With ``cfg.resume`` the run continues from the latest
-    checkpoint in that folder. ``report(step, recent)``, where given, is called at each log
-    interval with every seed's recent episode returns (a sweep's progress, for one). ``cpus``:
-    the CPUs the run may use, where it shares its machine's (a sweep's trial holds a few);
-    they decide ``--vec-env auto`` and the shared env's workers. By default, every CPU the
-    process may run on.
+    checkpoint in that folder, with ``cfg`` as its whole config: build it with
+    ``load_config(["--resume", RUN, ...])``, which starts from the run's saved one. The start
+    line names each setting that differs from the run's; the run keeps its folder, name and
+    seeds (other seeds are a ConfigError). ``report(step, recent)``, where given, is called
+    at each log interval with every seed's recent episode returns (a sweep's progress, for
+    one). ``cpus``: the CPUs the run may use, where it shares its machine's (a sweep's trial
+    holds a few); they decide ``--vec-env auto`` and the shared env's workers. By default,
+    every CPU the process may run on.
 
     The run records the spec of each custom network in its checkpoints' config, so that
     ``--resume`` and ``evaluate`` rebuild it (``rl_graphstep.netspec`` says how). A built
@@ -74,6 +76,9 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None,
     is trained in place; ``cfg.seed`` seeds everything else, so two calls repeat each other
     when each builds its module after the same ``torch.manual_seed``.
     """
+    if not isinstance(cfg, Config):
+        raise TypeError("train() takes a Config, such as rl_graphstep.flags.load_config(['--env', "
+                        f"'Pendulum-v1']) gives, got {type_name(cfg)}")
     try:
         device = resolve_device(cfg)
         # The run folder's lock (see own_run_dir) is released when the run ends in any way.
@@ -241,6 +246,7 @@ def stop_requests() -> Iterator[list[int]]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry: one clear line and exit 2 on bad input, 128+signal when stopped,
     3 when the run finished but skipped most of its updates."""
+    argv = argument_list(argv, "rl_graphstep.train.main()")
     # From here on a Ctrl-C is the KeyboardInterrupt handled below.
     command = end_startup_guard()
     previous = signal.getsignal(signal.SIGINT)
@@ -256,13 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _command_line(argv: Sequence[str] | None) -> int:
     try:
-        given = command_line_values(argv)
-        if given.get("resume"):
-            state = load_checkpoint(given["resume"])
-            cfg = load_config(argv, base=state["config"])
-        else:
-            cfg = load_config(argv)
-        summary = train(cfg)
+        summary = train(load_config(argv))  # with --resume, the run's config (see load_config)
     except KeyboardInterrupt as interrupt:
         _set_ctrl_c(signal.SIG_IGN)  # the run has ended: say how, uninterrupted
         ended = _ending_under_way(interrupt)

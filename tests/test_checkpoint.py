@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from rl_graphstep import checkpoint as ckpt
+from rl_graphstep import evaluate, train
 from rl_graphstep.checkpoint import (
     FORMAT,
     REQUIRED_KEYS,
@@ -183,9 +184,65 @@ def test_missing_checkpoint_file(in_tmp: Path) -> None:
 
 
 def test_a_run_without_checkpoints(in_tmp: Path) -> None:
+    """Every run saves at its end: none saved means no run, or one that died before."""
     in_tmp.mkdir(parents=True)
-    assert load_error(in_tmp) == ("runs/x has no checkpoints in runs/x/checkpoints; "
-                                  "was it trained with --checkpoint-every?")
+    assert load_error(in_tmp) == (
+        "runs/x has no checkpoints in runs/x/checkpoints: it is not a run's folder, or its run "
+        "ended before the first save (every --checkpoint-every steps and at the end)")
+
+
+@pytest.fixture
+def log_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """runs/ holding a seed group (its seed and aggregate folders), a sweep of two trials and
+    nothing else; the working folder is tmp_path."""
+    monkeypatch.chdir(tmp_path)
+    runs = Path("runs")
+    save_checkpoint(runs / "group", 100, make_state(100), keep=1)
+    for name in ("seed_1", "seed_2", "aggregate"):
+        (runs / "group" / name).mkdir()
+    (runs / "sweep" / ".tune" / "sweep").mkdir(parents=True)
+    for trial in ("run_trial_b", "run_trial_a"):
+        save_checkpoint(runs / "sweep" / trial, 100, make_state(100), keep=1)
+    return runs
+
+
+FOLDERS_NOT_RUNS = [
+    ("runs/group/seed_2", "runs/group/seed_2 is the log folder of seed 2 of the seed group "
+     "runs/group, whose folder holds the checkpoints: give runs/group (a group resumes as a "
+     "whole)"),
+    ("runs/group/aggregate", "runs/group/aggregate holds the aggregate curves of the seed group "
+     "runs/group, not checkpoints: give runs/group"),
+    ("runs/sweep", "runs/sweep is the folder of the sweep 'sweep', not a run: give one of its "
+     "trials' folders (such as runs/sweep/run_trial_a), or continue the whole sweep with python "
+     "-m rl_graphstep.sweep <its sweep file> --resume --log-dir runs"),
+    ("runs", "runs is a folder of runs, not a run: give one of them (such as runs/group)"),
+]
+
+
+@pytest.mark.parametrize(("folder", "line"), FOLDERS_NOT_RUNS)
+def test_a_folder_that_is_not_a_run_says_what_it_is_and_what_to_give(
+        log_dir: Path, folder: str, line: str) -> None:
+    assert load_error(folder) == line
+
+
+@pytest.mark.parametrize(("folder", "line"), FOLDERS_NOT_RUNS)
+def test_resume_and_evaluate_of_such_a_folder_say_it_in_one_line(
+        log_dir: Path, folder: str, line: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """evaluate takes a group's seed folder (that seed alone); resume takes the group."""
+    assert train.main(["--resume", folder, "--total-timesteps", "400"]) == 2
+    assert capsys.readouterr().err == f"error: {line}\n"
+    if folder.endswith("seed_2"):
+        return
+    assert evaluate.main([folder]) == 2
+    assert capsys.readouterr().err == f"error: {line}\n"
+
+
+def test_a_sweep_without_a_saved_trial_says_so(log_dir: Path) -> None:
+    (log_dir / "new" / ".tune").mkdir(parents=True)
+    (log_dir / "new" / "run_trial_c").mkdir()
+    assert load_error(log_dir / "new").startswith(
+        "runs/new is the folder of the sweep 'new', not a run: give one of its trials' folders "
+        "once it has saved one, or continue the whole sweep with ")
 
 
 def corrupt(path: Path, how: str) -> None:

@@ -17,6 +17,7 @@ import torch
 from rl_graphstep import buffer as buffer_module
 from rl_graphstep import cli, evaluate, memory, train
 from rl_graphstep.buffer import ReplayBuffer
+from rl_graphstep.checkpoint import load_checkpoint
 from rl_graphstep.errors import ConfigError, TrainingInterrupted
 from rl_graphstep.flags import load_config
 
@@ -101,7 +102,8 @@ BAD_TRAIN_INPUTS = [
     (["--run-name", "a/b"], "--run-name must be one folder name"),
     (["--run-name", "a\nb"], "--run-name must not contain control characters"),
     (["--log-dir", "a\x00b"], "--log-dir must not contain control characters"),
-    (["--resume", ""], "--resume must not be empty"),
+    (["--resume", ""], "no run given: give a run folder (such as runs/<run name>) or a .pt "
+                       "checkpoint"),
     (["--learning", "0"], "unknown flag --learning (did you mean --learning-starts?)"),
     (["--learnin-starts", "5"], "unknown flag --learnin-starts (did you mean --learning-starts?)"),
     (["--batch-size=3", "--zzzz"], "unknown flag --zzzz"),
@@ -336,7 +338,7 @@ def test_ctrl_c_held_down_saves_once_and_exits_130(tmp_path: Path) -> None:
     assert "Traceback" not in err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("stopped: SIGINT at step "), err
-    assert train.load_checkpoint(tmp_path / "run")["global_step"] > 100
+    assert load_checkpoint(tmp_path / "run")["global_step"] > 100
 
 
 def test_main_as_a_command_leaves_ctrl_c_ignored_for_the_exit(

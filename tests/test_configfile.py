@@ -12,8 +12,15 @@ from configtools import one_line_error, write
 
 from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.config import config_from_dict
-from rl_graphstep.configfile import default_config_file, read_config_file
+from rl_graphstep.configfile import (
+    DuplicateKeyError,
+    default_config_file,
+    load_yaml,
+    read_config_file,
+)
+from rl_graphstep.errors import ConfigError
 from rl_graphstep.flags import load_config
+from rl_graphstep.sweepfile import read_sweep_file
 
 
 def test_no_arguments_use_the_pendulum_file() -> None:
@@ -109,3 +116,44 @@ def test_the_shipped_configs_could_all_update() -> None:
         cfg = load_config(["--algo", algo, "--env", env_id])
         assert cfg.learning_starts < cfg.total_timesteps
         assert cfg.batch_size <= min(cfg.buffer_size, cfg.total_timesteps - 1)
+
+
+# ------------------------------------------------------------------ a key given twice
+
+
+@pytest.mark.parametrize(("text", "where"), [
+    ("batch_size: 64\ngamma: 0.9\nbatch_size: 128\n", "key 'batch_size' appears twice (lines 1 "
+                                                      "and 3)"),
+    ("actor_kwargs:\n  width: 3\n  depth: 2\n  width: 4\n", "key 'width' appears twice (lines 2 "
+                                                           "and 4)"),
+    ("critic_kwargs: {depth: 2, depth: 3}\n", "key 'depth' appears twice (line 1, columns 17 "
+                                              "and 27)"),
+])
+def test_a_key_given_twice_in_a_config_file_names_both_lines(tmp_path: Path, text: str,
+                                                              where: str) -> None:
+    """YAML keeps a repeated key's last value; the line a user edited may be the first."""
+    path = write(tmp_path, text)
+    assert one_line_error(["--config", path], "appears twice") == (
+        f"config file {path!r}: {where}; keep one of them")
+
+
+def test_a_key_given_twice_in_a_sweep_file_names_both_lines(tmp_path: Path) -> None:
+    path = write(tmp_path, "num_samples: 1\nbase:\n  q_lr: 0.001\n  batch_size: 64\n"
+                           "  q_lr: 0.01\n", name="sweep.yaml")
+    with pytest.raises(ConfigError) as info:
+        read_sweep_file(path)
+    assert str(info.value) == (f"sweep file {path!r}: key 'q_lr' appears twice (lines 3 and 5); "
+                               "keep one of them")
+    path = write(tmp_path, "search:\n  q_lr: [0.1, 0.01]\nsearch:\n  tau: [0.1]\n",
+                 name="sweep.yaml")
+    with pytest.raises(ConfigError, match=r"key 'search' appears twice \(lines 1 and 3\)"):
+        read_sweep_file(path)
+
+
+def test_the_loader_keeps_merges_and_distinct_keys() -> None:
+    """A ``<<`` merge's keys may be overridden (that is what merging is for)."""
+    assert load_yaml("a: &a {width: 1, depth: 2}\nb:\n  <<: *a\n  width: 3\n") == {
+        "a": {"width": 1, "depth": 2}, "b": {"width": 3, "depth": 2}}
+    assert load_yaml("x: 1\ny: {x: 2}\n") == {"x": 1, "y": {"x": 2}}
+    with pytest.raises(DuplicateKeyError, match=r"^key 'x' appears twice \(lines 3 and 4\)$"):
+        load_yaml("y:\n  - {x: 1}\n  - {x: 2,\n     x: 3}\n")

@@ -269,7 +269,7 @@ def test_resume_from_another_algorithm_or_a_broken_file(capsys: pytest.CaptureFi
     checkpoint = latest_checkpoint(tmp_path / "run")
     before = checkpoint.read_bytes()
     code, err = run_main(capsys, "--resume", str(tmp_path / "run"), "--algo", "td3")
-    assert code == 2 and "is of sac on Pendulum-v1, not td3 on Pendulum-v1" in err
+    assert code == 2 and "--algo td3 does not match: the resumed run is sac on Pendulum-v1" in err
     checkpoint.write_bytes(before[: len(before) // 2])
     code, err = run_main(capsys, "--resume", str(tmp_path / "run"))
     assert code == 2 and str(checkpoint) in err and len(err.strip().splitlines()) == 1

@@ -205,6 +205,12 @@ def test_kwargs_flag_must_be_a_mapping(text: str) -> None:
     assert """'{"width": 128}'""" in message
 
 
+def test_a_kwargs_flag_with_a_key_given_twice_is_one_line() -> None:
+    assert one_line_error(["--critic-kwargs", "{depth: 2, width: 8, depth: 3}"], "twice") == (
+        "--critic-kwargs '{depth: 2, width: 8, depth: 3}': key 'depth' appears twice (line 1, "
+        "columns 2 and 22); give it once")
+
+
 def test_yaml_kwargs_and_the_flag_overrides_them(tmp_path: Path) -> None:
     path = write(
         tmp_path,
@@ -330,6 +336,9 @@ def _saved(**values: object) -> dict[str, object]:
     ({"seeds": (3, 5, 7)}, ["--seeds", "3", "7", "5"], "--seeds 3 7 5 does not match"),
     ({"num_seeds": 3}, ["--seed", "2"], "--seed 2 does not match: the resumed run has 3 seeds "
      "(1 2 3)"),
+    # A single run's generators are the checkpoint's: another seed would only be recorded.
+    ({}, ["--seed", "2"], "--seed 2 does not match: the resumed run has 1 seed (1), and a run "
+     "resumes with its own seeds; drop --seed"),
 ])
 def test_a_resume_with_other_seeds_is_one_line(saved: dict[str, object], argv: list[str],
                                                message: str) -> None:
@@ -344,7 +353,7 @@ def test_a_resume_with_other_seeds_is_one_line(saved: dict[str, object], argv: l
     ({"seeds": (3, 5, 7)}, ["--num-seeds", "3"], (3, 5, 7)),
     ({"seeds": (3, 5, 7)}, ["--seeds", "3", "5", "7"], (3, 5, 7)),
     ({"seeds": (3, 5, 7)}, ["--total-timesteps", "20000"], (3, 5, 7)),
-    ({}, ["--seed", "2"], (2,)),  # a single run: as before the seed group
+    ({"seed": 2}, ["--seed", "2"], (2,)),
 ])
 def test_a_resume_with_its_own_seeds_goes_on(saved: dict[str, object], argv: list[str],
                                              seeds: tuple[int, ...]) -> None:

@@ -62,7 +62,11 @@ def test_seed_flags_that_name_the_group_twice(given: dict[str, object], message:
 
 def test_a_resume_keeps_its_seeds() -> None:
     check_resumed_seeds((3, 5, 7), {"num_seeds": 3, "seeds": (3, 5, 7), "seed": 3})
-    check_resumed_seeds((1,), {"seed": 9})  # a single run: --seed changes nothing restored
+    check_resumed_seeds((1,), {"seed": 1})
+    # A single run's generators are the checkpoint's: another --seed would only be recorded.
+    with pytest.raises(ConfigError, match=r"^--seed 9 does not match: the resumed run has 1 "
+                                          r"seed \(1\), .*; drop --seed$"):
+        check_resumed_seeds((1,), {"seed": 9})
     with pytest.raises(ConfigError) as info:
         check_resumed_seeds((1, 2, 3), {"num_seeds": 4})
     assert str(info.value) == ("--num-seeds 4 does not match: the resumed run has 3 seeds "
