@@ -1,0 +1,98 @@
+"""The Ray a sweep runs on, started (or joined) so that the sweep stops cleanly: a local Ray's
+processes in a session of their own, SIGTERM and SIGHUP turned into the Ctrl-C on which Tune
+saves its state and stops the trials, and Tune's own lines about that stop left out (the
+sweep says in its own line how to continue)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["STOP_SIGNALS", "started_ray"]
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # a Ctrl-C (SIGINT) Tune handles itself
+# The starts of what Tune logs when stopped: the Python call it suggests is not the command.
+_TUNE_STOP_LINES = ("Stop signal received", "Experiment has been interrupted")
+
+
+@contextlib.contextmanager
+def started_ray(address: str | None, stopped_by: list[int]) -> Iterator[None]:
+    """Ray started (``address`` None) or joined for the ``with`` block, and shut down after
+    it. SIGTERM and SIGHUP (not an ignored one: ``nohup``) stop the block as a Ctrl-C does,
+    each noted in ``stopped_by``: within Tune's run it stops the trials, which save, and
+    Tune keeps its state; before it, a ``KeyboardInterrupt``. One that comes while Ray
+    starts waits for it."""
+    import ray
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # ray.init sets handlers of its own
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    quiet = _TuneStopFilter()
+    tune_log = logging.getLogger("ray.tune.tune")
+    try:
+        with _ray_in_its_own_session():
+            ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False)
+
+        def stop(signum: int, _frame: object) -> None:
+            stopped_by.append(signum)
+            os.kill(os.getpid(), signal.SIGINT)
+
+        for signum in STOP_SIGNALS:
+            if previous[signum] is not signal.SIG_IGN:
+                signal.signal(signum, stop)
+        tune_log.addFilter(quiet)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        tune_log.removeFilter(quiet)
+        ray.shutdown()
+
+
+class _TuneStopFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_TUNE_STOP_LINES)
+
+
+@contextlib.contextmanager
+def _ray_in_its_own_session() -> Iterator[None]:
+    """Start the processes of a local Ray (GCS, raylet, and through it the trials' workers)
+    in a session of their own. A signal to the sweep's process group, as ``timeout``, a
+    batch system or systemd send it, then reaches the driver only, which stops the trials
+    cleanly, instead of finding Ray killed under it. They still end with the driver: Ray ties
+    them to it with the kernel's parent-death signal, which is why this is done only where
+    Ray has that (Linux); elsewhere its reaper kills them by their process group, which must
+    stay the driver's. They also take the stop signals the driver holds back meanwhile."""
+    import ray._private.services as services
+    from ray._private.utils import detect_fate_sharing_support
+
+    popen = getattr(services, "ConsolePopen", None)
+    if popen is None or sys.platform == "win32" or not detect_fate_sharing_support():
+        yield
+        return
+
+    class OwnSession(popen):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["start_new_session"] = True
+            inherited = kwargs.get("preexec_fn")
+
+            def preexec() -> None:
+                if inherited is not None:
+                    inherited()
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+            kwargs["preexec_fn"] = preexec
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = OwnSession
+    try:
+        yield
+    finally:
+        services.ConsolePopen = popen
