@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import signal
 import sys
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 __all__ = ["STOP_SIGNALS", "started_ray"]
@@ -38,9 +38,14 @@ def started_ray(address: str | None, stopped_by: list[int]) -> Iterator[None]:
             ray.init(address=address, include_dashboard=False, log_to_driver=False,
                      configure_logging=False)
 
-        def stop(signum: int, _frame: object) -> None:
+        def stop(signum: int, frame: FrameType | None) -> None:
             stopped_by.append(signum)
-            os.kill(os.getpid(), signal.SIGINT)
+            # What a Ctrl-C does now: Tune's handler within its run, Python's before it. Called,
+            # not sent: a process started in the background may ignore SIGINT.
+            on_ctrl_c = signal.getsignal(signal.SIGINT)
+            if not callable(on_ctrl_c):
+                raise KeyboardInterrupt
+            on_ctrl_c(signal.SIGINT, frame)
 
         for signum in STOP_SIGNALS:
             if previous[signum] is not signal.SIG_IGN:
