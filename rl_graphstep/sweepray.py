@@ -15,7 +15,9 @@ from typing import Any
 
 __all__ = ["STOP_SIGNALS", "started_ray"]
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # a Ctrl-C (SIGINT) Tune handles itself
+# A Ctrl-C (SIGINT) Tune handles itself. Windows has no SIGHUP, nor signal masks.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP")
+                     if hasattr(signal, name))
 # The starts of what Tune logs when stopped: the Python call it suggests is not the command.
 _TUNE_STOP_LINES = ("Stop signal received", "Experiment has been interrupted")
 
@@ -29,7 +31,7 @@ def started_ray(address: str | None, stopped_by: list[int]) -> Iterator[None]:
     starts waits for it."""
     import ray
 
-    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # ray.init sets handlers of its own
+    _mask(signal.SIG_BLOCK)  # ray.init sets handlers of its own
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
     quiet = _TuneStopFilter()
     tune_log = logging.getLogger("ray.tune.tune")
@@ -51,14 +53,19 @@ def started_ray(address: str | None, stopped_by: list[int]) -> Iterator[None]:
             if previous[signum] is not signal.SIG_IGN:
                 signal.signal(signum, stop)
         tune_log.addFilter(quiet)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        _mask(signal.SIG_UNBLOCK)
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        _mask(signal.SIG_UNBLOCK)
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         tune_log.removeFilter(quiet)
         ray.shutdown()
+
+
+def _mask(how: int) -> None:
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(how, STOP_SIGNALS)
 
 
 class _TuneStopFilter(logging.Filter):
@@ -91,7 +98,7 @@ def _ray_in_its_own_session() -> Iterator[None]:
             def preexec() -> None:
                 if inherited is not None:
                     inherited()
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+                _mask(signal.SIG_UNBLOCK)
 
             kwargs["preexec_fn"] = preexec
             super().__init__(*args, **kwargs)
