@@ -9,6 +9,8 @@ import atexit
 import difflib
 import os
 import re
+import shlex
+import shutil
 import signal
 import sys
 import threading
@@ -23,6 +25,7 @@ __all__ = [
     "exit_quietly",
     "open_closed_streams",
     "startup_guard",
+    "suggested_command",
     "train_command",
 ]
 
@@ -109,6 +112,27 @@ def type_name(value: object) -> str:
         return "None"
     name = type(value).__name__
     return f"{'an' if name[0] in 'aeiouAEIOU' else 'a'} {name}"
+
+
+def suggested_command(module: str, *args: str) -> str:
+    """``python -m <module> <args>`` as a line to paste into a shell and run as printed: each
+    argument quoted where a POSIX shell needs it (a path with a space), and the interpreter
+    running now named by its path where the ``python`` a shell finds is another one (a virtual
+    environment run by its path, not activated)."""
+    return " ".join([_python(), "-m", module, *map(shlex.quote, args)])
+
+
+def _python() -> str:
+    found = shutil.which("python")
+    here = sys.executable
+    try:
+        # The same folder too: a venv's python is a link to the system's, which lacks the venv.
+        if found and here and os.path.dirname(os.path.abspath(found)) == os.path.dirname(
+                here) and os.path.samefile(found, here):
+            return "python"
+    except OSError:
+        pass
+    return shlex.quote(here) if here else "python"
 
 
 def _interrupted_during_startup(_signum: int, _frame: FrameType | None) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from rl_graphstep.buffer import ReplayBuffer
+from rl_graphstep.cli import suggested_command
 from rl_graphstep.envs import scale_action
 
 __all__ = ["NonFiniteTally", "describe_updates", "mostly_skipped", "mostly_skipped_message",
@@ -186,8 +187,8 @@ def nonfinite_stop_message(limit: int, consecutive: int, step: int, saved: Path)
     run_dir = saved.parent.parent
     return (f"at least --nonfinite-limit {limit} consecutive updates had non-finite losses or "
             f"gradients ({consecutive} by step {step}, when it was checked); checkpoint "
-            f"{saved} holds the parameters of the last finite update (continue with --resume "
-            f"{run_dir}); {_ADVICE}")
+            f"{saved} holds the parameters of the last finite update; {_ADVICE}; then continue "
+            f"with: {suggested_command('rl_graphstep.train', '--resume', str(run_dir))}")
 
 
 def mostly_skipped_message(counts: dict[str, tuple[int, int]], run_dir: str) -> str:

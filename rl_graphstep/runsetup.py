@@ -15,6 +15,7 @@ from rl_graphstep.acting import ActionPipe, acting_policy
 from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.checkpoint import list_checkpoints, load_checkpoint, set_aside_later
+from rl_graphstep.cli import suggested_command
 from rl_graphstep.collector import Collector
 from rl_graphstep.compiling import updates_ahead
 from rl_graphstep.config import Config
@@ -86,8 +87,9 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     if resumed is not None:  # trained and recorded in its own folder, as it was or told
         cfg, changes = resumed_config(cfg, resumed["config"], run_dir)
     if resumed is None and not by_clock and list_checkpoints(run_dir):
-        raise ConfigError(f"{run_dir} already holds a run with checkpoints; continue it with "
-                          "--resume or pick another --run-name")
+        raise ConfigError(f"{run_dir} already holds a run with checkpoints; pick another "
+                          "--run-name, or continue it with: "
+                          f"{suggested_command('rl_graphstep.train', '--resume', str(run_dir))}")
     # Resumed from an older checkpoint: the later ones belong to the abandoned timeline.
     set_aside = set_aside_later(run_dir, int(resumed["global_step"])) if resumed else None
     removed = None if by_clock else clean_partial_saves(run_dir)

@@ -6,18 +6,27 @@ trains the sweep's seeds as one group, and reports the group's returns at each l
     python -m rl_graphstep.sweep my_sweep.yaml --address auto --gpus-per-trial 0.25
 
 Every trial trains in ``<log-dir>/<sweep>/<trial>/`` (its seeds inside, as a seed group lays
-them out) and checkpoints as a run does; a retried trial resumes from its last checkpoint.
-Tune's own state lies in ``<log-dir>/<sweep>/.tune/``. At the end the trials are printed
-best first and written to ``results.csv`` and ``results.md``, and the best trial's config to
+them out) and checkpoints as a run does; a retried trial resumes from its last checkpoint, and
+one that had none starts over with a clean log. Tune's own state lies in
+``<log-dir>/<sweep>/.tune/``, and the sweep file as it started in ``<log-dir>/<sweep>/sweep.yaml``
+(``--resume`` refuses a file that differs). At the end the trials are printed best first and
+written to ``results.csv`` and ``results.md``, and the best trial's config to
 ``best_config.yaml`` (``train --config`` takes it).
 """
 
 from __future__ import annotations
 
+if __name__ == "__main__":
+    # Before the imports below: a Ctrl-C during them is one line, exit 130.
+    from rl_graphstep.cli import startup_guard
+
+    startup_guard()
+
 import argparse
 import csv
 import dataclasses
 import os
+import shutil
 import signal
 import sys
 from collections.abc import Sequence
@@ -28,12 +37,28 @@ import yaml
 
 from rl_graphstep.aggregate import iqm, seed_means
 from rl_graphstep.checkpoint import list_checkpoints
-from rl_graphstep.cli import argument_list
+from rl_graphstep.cli import (
+    OneLineParser,
+    argument_list,
+    end_startup_guard,
+    exit_quietly,
+    suggested_command,
+)
 from rl_graphstep.config import config_to_dict
 from rl_graphstep.console import say
 from rl_graphstep.errors import ConfigError, RunFolderError, first_line, os_error_line
-from rl_graphstep.rundir import RunLock
+from rl_graphstep.rundir import LOCK_FILE, RunLock
 from rl_graphstep.sweepfile import SweepSpec, read_sweep_file, trial_config
+from rl_graphstep.sweepray import started_ray
+from rl_graphstep.sweepstart import (
+    NAMES,
+    SweepFlags,
+    check_same_sweep,
+    flag_problem,
+    placement_problem,
+    record_start,
+    resumed_flags,
+)
 
 __all__ = ["main", "search_space", "trial_metrics"]
 
@@ -83,8 +108,9 @@ def trial_cpus(assigned: float) -> int:
 
 
 def run_trial(params: dict[str, Any], spec: SweepSpec, sweep_dir: str) -> None:
-    """One trial: train the group in its own folder (resuming it where a retry finds a
-    checkpoint), reporting to Tune at each log interval and at the end."""
+    """One trial: train the group in its own folder (resuming it where an earlier attempt left
+    a checkpoint, else from a clean folder), reporting to Tune at each log interval and at the
+    end."""
     import ray
     from ray import tune
 
@@ -93,7 +119,7 @@ def run_trial(params: dict[str, Any], spec: SweepSpec, sweep_dir: str) -> None:
     name = tune.get_context().get_trial_id()
     cfg = trial_config(spec, params, log_dir=sweep_dir, run_name=name)
     folder = Path(sweep_dir) / name
-    if folder.is_dir() and list_checkpoints(folder):
+    if trial_resumes(folder):
         cfg = dataclasses.replace(cfg, resume=str(folder))
     context = ray.get_runtime_context()
     node = context.get_node_id()  # where it ran, for the results table
@@ -107,29 +133,66 @@ def run_trial(params: dict[str, Any], spec: SweepSpec, sweep_dir: str) -> None:
     report(summary["global_step"], summary["recent_returns"], finished=True)
 
 
+def trial_resumes(folder: Path) -> bool:
+    """Whether the trial whose folder is ``folder`` resumes there: an earlier attempt (a
+    retry, or a sweep stopped and resumed) left a checkpoint. One that left none starts over
+    at step 0, so what it left (the logs of its first steps, which the new start would log
+    again) is removed first: the trial's curves count each step once."""
+    if not folder.is_dir():
+        return False
+    if list_checkpoints(folder):
+        return True
+    # Owned while it is emptied: an earlier attempt still alive is a retried failure, not a
+    # folder to empty under it.
+    with RunLock(folder, advice="its earlier attempt still runs", owner="trial"):
+        for entry in folder.iterdir():
+            if entry.name == LOCK_FILE:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+    return False
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m rl_graphstep.sweep",
-                                     description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m rl_graphstep.sweep",
+                           description=__doc__.splitlines()[0])
     parser.add_argument("sweep_file", help="the sweep's YAML file")
     parser.add_argument("--log-dir", default="runs", help="where the sweep's folder goes")
     parser.add_argument("--address", help="a running Ray cluster (auto, host:port, "
                                           "ray://...); without it a local Ray starts")
-    parser.add_argument("--cpus-per-trial", type=float, default=1.0,
-                        help="CPUs Ray reserves for each trial")
-    parser.add_argument("--gpus-per-trial", type=float, default=0.0,
-                        help="GPUs Ray reserves for each trial: fractions pack several trials "
-                             "on one GPU, where they take turns (on one GPU, more seeds per "
-                             "trial run faster)")
-    parser.add_argument("--scheduler", choices=["fifo", "asha"], default="fifo",
-                        help="asha stops trials that trail the others early")
-    parser.add_argument("--search", choices=["variants", "optuna"], default="variants",
-                        help="variants: the grid, with sampled values drawn at random; optuna: "
-                             "Optuna picks each trial's values (optuna must be installed)")
-    parser.add_argument("--max-failures", type=int, default=2,
-                        help="retries of a failed trial, each from its last checkpoint")
+    # None: not given. A new sweep takes the defaults, a resumed one the flags it started with.
+    parser.add_argument("--cpus-per-trial", type=float,
+                        help="CPUs Ray reserves for each trial (default 1)")
+    parser.add_argument("--gpus-per-trial", type=float,
+                        help="GPUs Ray reserves for each trial (default 0): fractions pack "
+                             "several trials on one GPU, where they take turns (on one GPU, "
+                             "more seeds per trial run faster)")
+    parser.add_argument("--scheduler", choices=["fifo", "asha"],
+                        help="fifo (default) runs every trial to its end; asha stops trials "
+                             "that trail the others early")
+    parser.add_argument("--search", choices=["variants", "optuna"],
+                        help="variants (default): the grid, with sampled values drawn at "
+                             "random; optuna: Optuna picks each trial's values (optuna must "
+                             "be installed)")
+    parser.add_argument("--max-failures", type=int,
+                        help="retries of a failed trial, each from its last checkpoint "
+                             "(default 2)")
     parser.add_argument("--resume", action="store_true",
-                        help="continue the sweep in this folder where it stopped")
+                        help="continue the sweep in this folder where it stopped, with the "
+                             "flags it started with")
     return parser
+
+
+def _given_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The flags a sweep keeps (see ``SweepFlags``) as given, None where not, range-checked."""
+    given = {name: getattr(args, name) for name in NAMES}
+    for name, value in given.items():
+        problem = None if value is None else flag_problem(name, value)
+        if problem:
+            raise ConfigError(problem)
+    return given
 
 
 def _scheduler(name: str, spec: SweepSpec) -> Any:
@@ -157,23 +220,31 @@ def _search(name: str, spec: SweepSpec) -> Any:
 
 
 def run_sweep(spec: SweepSpec, args: argparse.Namespace, stopped_by: list[int]) -> Any:
-    """Run (or continue) the sweep on Ray Tune; return Tune's result grid. A SIGTERM stops it
-    as a Ctrl-C does (Tune saves its state and stops the trials), noted in ``stopped_by``."""
+    """Run (or continue) the sweep on Ray Tune; return Tune's result grid. ``args`` gets the
+    sweep's flags: those given, or on ``--resume`` those it started with. SIGTERM and SIGHUP
+    stop it as a Ctrl-C does (see ``started_ray``), noted in ``stopped_by``."""
     sweep_dir = (Path(args.log_dir) / spec.name).resolve()
     tune_dir = sweep_dir / ".tune"
-    search = _search(args.search, spec)
+    given = _given_flags(args)
     with RunLock(sweep_dir, advice="wait for it to end or give this one another name",
                  owner="sweep"):
         if args.resume and not (tune_dir / spec.name).is_dir():
             raise ConfigError(f"{sweep_dir} holds no sweep to resume; run it without --resume")
-        if not args.resume and tune_dir.exists():
-            raise ConfigError(f"{sweep_dir} already holds a sweep; continue it with --resume "
-                              "or give the sweep another name")
-        return _tune(spec, args, stopped_by, sweep_dir, search)
+        if not args.resume and (tune_dir / spec.name).exists():
+            raise ConfigError(f"{sweep_dir} already holds a sweep; give the sweep another "
+                              f"name, or continue it with: {resume_command(args)}")
+        if args.resume:
+            check_same_sweep(sweep_dir, spec)
+            flags = resumed_flags(sweep_dir, given)
+        else:
+            flags = SweepFlags.given(given)
+        vars(args).update(dataclasses.asdict(flags))
+        search = _search(flags.search, spec)
+        return _tune(spec, args, flags, stopped_by, sweep_dir, search)
 
 
-def _tune(spec: SweepSpec, args: argparse.Namespace, stopped_by: list[int], sweep_dir: Path,
-          search: Any) -> Any:
+def _tune(spec: SweepSpec, args: argparse.Namespace, flags: SweepFlags, stopped_by: list[int],
+          sweep_dir: Path, search: Any) -> Any:
     """Start (or join) Ray and run the sweep's trials."""
     # The runs write their own tensorboard logs: Tune keeps only its JSON and CSV results.
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
@@ -182,36 +253,31 @@ def _tune(spec: SweepSpec, args: argparse.Namespace, stopped_by: list[int], swee
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     tune_dir = sweep_dir / ".tune"
-    ray.init(address=args.address, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
-
-    def stop(signum: int, _frame: object) -> None:
-        stopped_by.append(signum)
-        os.kill(os.getpid(), signal.SIGINT)
-
-    previous = signal.signal(signal.SIGTERM, stop)  # after ray.init, which sets its own
-    try:
+    local = args.address is None and not os.environ.get("RAY_ADDRESS")
+    with started_ray(args.address, stopped_by):
+        problem = placement_problem(flags, ray.cluster_resources()) if local else None
+        if problem:
+            raise ConfigError(problem)
         trainable = tune.with_resources(
             tune.with_parameters(run_trial, spec=spec, sweep_dir=str(sweep_dir)),
-            {"cpu": args.cpus_per_trial, "gpu": args.gpus_per_trial})
+            {"cpu": flags.cpus_per_trial, "gpu": flags.gpus_per_trial})
         if args.resume:
             tuner = tune.Tuner.restore(str(tune_dir / spec.name), trainable,
                                        resume_unfinished=True, resume_errored=True)
         else:
+            tune_dir.mkdir(exist_ok=True)
+            record_start(sweep_dir, spec, flags)
             tuner = tune.Tuner(
                 trainable, param_space=search_space(spec),
                 tune_config=tune.TuneConfig(num_samples=spec.num_samples, metric=SCORE,
                                             mode=spec.mode,
-                                            scheduler=_scheduler(args.scheduler, spec),
+                                            scheduler=_scheduler(flags.scheduler, spec),
                                             search_alg=search),
                 run_config=tune.RunConfig(
                     name=spec.name, storage_path=str(tune_dir), verbose=0,
                     callbacks=[JsonLoggerCallback(), CSVLoggerCallback()],
-                    failure_config=tune.FailureConfig(max_failures=args.max_failures)))
+                    failure_config=tune.FailureConfig(max_failures=flags.max_failures)))
         return tuner.fit()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        ray.shutdown()
 
 
 def _finished(result: Any, scheduler: str) -> bool:
@@ -255,10 +321,12 @@ def write_results(spec: SweepSpec, results: Any, sweep_dir: Path) -> list[dict[s
                            log_dir="runs", run_name=f"{spec.name}_best")
         values = {k: v for k, v in config_to_dict(cfg).items()
                   if k not in ("log_dir", "run_name", "resume")}
+        command = suggested_command("rl_graphstep.train", "--config",
+                                    str(sweep_dir / "best_config.yaml"))
         (sweep_dir / "best_config.yaml").write_text(
             f"# the best trial of sweep {spec.name} ({best['trial']}, {SCORE} "
-            f"{best[SCORE]:.1f}); train it with: python -m rl_graphstep.train --config "
-            f"{sweep_dir / 'best_config.yaml'}\n" + yaml.safe_dump(values, sort_keys=False))
+            f"{best[SCORE]:.1f}); train it with: {command}\n"
+            + yaml.safe_dump(values, sort_keys=False))
     return rows
 
 
@@ -273,14 +341,28 @@ def _cell(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def resume_command(args: argparse.Namespace) -> str:
+    """The command that continues the sweep of ``args``, to run as printed from the folder
+    it started in: the sweep file, its log dir and cluster (a resume keeps the other flags)."""
+    cluster = ("--address", args.address) if args.address else ()
+    return suggested_command("rl_graphstep.sweep", args.sweep_file, "--log-dir", args.log_dir,
+                             *cluster, "--resume")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry: 0 when every trial finished, 1 when some failed, 2 on bad input,
-    128 + the signal when stopped (Ctrl-C or SIGTERM; ``--resume`` continues)."""
+    128 + the signal when stopped (Ctrl-C, SIGTERM or SIGHUP; ``--resume`` continues)."""
     argv = argument_list(argv, "rl_graphstep.sweep.main()", "['sweep.yaml', '--log-dir', 'runs']")
-    args = _parser().parse_args(argv)
+    end_startup_guard()  # from here on a Ctrl-C is the KeyboardInterrupt handled below
     stopped_by: list[int] = []
+    argv = list(sys.argv[1:] if argv is None else argv)
+    go_on = "run the same command again: " + suggested_command("rl_graphstep.sweep", *argv)
     try:
+        args = _parser().parse_args(argv)
+        _given_flags(args)  # checked before the file is read, Ray started or a folder made
         spec = read_sweep_file(args.sweep_file)
+        if (Path(args.log_dir) / spec.name / ".tune" / spec.name).is_dir():
+            go_on = f"continue with: {resume_command(args)}"
         results = run_sweep(spec, args, stopped_by)
     except (ConfigError, RunFolderError) as err:
         say(f"error: {err}", sys.stderr)
@@ -292,14 +374,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"error: sweeps need Ray Tune ({err.name} is missing): "
             'pip install "rl_graphstep[sweep]"', sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before Tune ran the trials: nothing of them to save
+        signum = stopped_by[0] if stopped_by else signal.SIGINT
+        say(f"stopped by {signal.Signals(signum).name} before any trial ran; {go_on}",
+            sys.stderr)
+        return 128 + signum
     unfinished = sum(not _finished(result, args.scheduler) for result in results)
     if unfinished:
         say(f"stopped with {unfinished} of {len(results)} trials unfinished; continue with: "
-            f"python -m rl_graphstep.sweep {args.sweep_file} --resume", sys.stderr)
+            f"{resume_command(args)}", sys.stderr)
         return 128 + (stopped_by[0] if stopped_by else signal.SIGINT)
     rows = write_results(spec, results, (Path(args.log_dir) / spec.name).resolve())
     return 0 if rows and not any(r["error"] for r in rows) else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_quietly(main())

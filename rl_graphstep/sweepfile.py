@@ -14,6 +14,10 @@ seeds: [1, 2, 3]                 # every trial trains these seeds as one group (
 metric: iqm                      # iqm (default) or mean of the seeds' last-10-episode returns
 mode: max                        # max (default) or min
 ```
+
+A network given by a file path (``actor: nets/custom.py:DeepActor``) is taken from the current
+folder, as ``train --config`` takes it, and recorded by its absolute path: the trials train in
+Ray's processes, in folders of their own.
 """
 
 from __future__ import annotations
@@ -21,17 +25,20 @@ from __future__ import annotations
 import difflib
 import itertools
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl_graphstep.config import FIELDS, Config, coerce_mapping
+from rl_graphstep.config import FIELDS, Config, coerce_mapping, field_default, plain_value
 from rl_graphstep.configfile import read_config_file, read_yaml_mapping
 from rl_graphstep.errors import ConfigError
+from rl_graphstep.plugins import _is_file_path
 from rl_graphstep.seedgroup import MAX_SEEDS, seed_list_problem
 
-__all__ = ["SAMPLERS", "Sampled", "SweepSpec", "read_sweep_file", "trial_config"]
+__all__ = ["SAMPLERS", "Sampled", "SweepSpec", "effective_base", "read_sweep_file",
+           "sweep_record", "trial_config"]
 
 KEYS = ("name", "base", "search", "num_samples", "seeds", "num_seeds", "metric", "mode")
 METRICS = ("iqm", "mean")
@@ -39,6 +46,9 @@ MODES = ("max", "min")
 SAMPLERS = ("choice", "uniform", "loguniform", "randint")
 # Set for every trial by the sweep itself: a search over them would fight it.
 TRIAL_OWNED = ("seed", "seeds", "num_seeds", "log_dir", "run_name", "resume", "config")
+# Settings that may name a file (``path/file.py:Class``), which a trial opens from another
+# folder than the one the sweep started in.
+FILE_SPECS = ("actor", "critic")
 
 
 @dataclass(frozen=True)
@@ -87,8 +97,32 @@ def _unknown(key: object, known: tuple[str, ...], what: str, source: str) -> Con
 
 
 def _field_value(name: str, value: Any, source: str) -> Any:
-    """``value`` as field ``name``'s type, checked (one line naming both on a problem)."""
-    return coerce_mapping({name: value}, source)[name]
+    """``value`` as field ``name``'s type, checked (one line naming both on a problem), a file
+    path made absolute."""
+    return _absolute_files(coerce_mapping({name: value}, source), source)[name]
+
+
+def _absolute_files(values: dict[str, Any], source: str) -> dict[str, Any]:
+    """``values`` with each network given by a relative file path (``nets/custom.py:Class``)
+    given by its absolute one, taken from the current folder as ``train`` takes it: a trial
+    runs in a Ray worker whose working folder is elsewhere. A file that is not there is one
+    line now rather than a failure of every trial."""
+    out = dict(values)
+    for name in FILE_SPECS:
+        spec = out.get(name)
+        if not isinstance(spec, str) or ":" not in spec:
+            continue
+        location, _, class_name = spec.rpartition(":")
+        if not _is_file_path(location):
+            continue  # package.module:Class, imported (Ray's workers share this folder's path)
+        path = Path(location).expanduser()
+        if not path.is_file():
+            relative = "" if path.is_absolute() else (
+                f" (relative paths are taken from {os.getcwd()})")
+            raise _problem(source, f"{name}: file {location!r} for {spec!r} does not exist"
+                                   f"{relative}")
+        out[name] = f"{path.resolve()}:{class_name}"
+    return out
 
 
 def _read_base(raw: Any, source: str) -> dict[str, Any]:
@@ -110,7 +144,8 @@ def _read_base(raw: Any, source: str) -> dict[str, Any]:
     if owned:
         raise _problem(source, f"base cannot set {owned[0]!r}: the sweep sets it for every "
                                "trial (give seeds or num_seeds at the top level)")
-    return {**from_file, **coerce_mapping(base, f"{source}'s base")}
+    where = f"{source}'s base"
+    return _absolute_files({**from_file, **coerce_mapping(base, where)}, where)
 
 
 def _read_sampled(name: str, raw: Mapping[Any, Any], source: str) -> Sampled:
@@ -208,6 +243,27 @@ def read_sweep_file(path: str | Path) -> SweepSpec:
     trial_config(spec, {**spec.grid_points()[0], **{n: s.values[0] for n, s in sampled.items()}},
                  log_dir="runs", run_name="check")  # the base with a first point must build
     return spec
+
+
+def sweep_record(spec: SweepSpec) -> dict[str, Any]:
+    """``spec`` as a sweep file holds it, with its base config file expanded into its base and
+    file paths absolute: what a sweep folder keeps of the sweep it started (a sweep file that
+    ``read_sweep_file`` reads as ``spec``)."""
+    search: dict[str, Any] = {name: plain_value(values) for name, values in spec.grid.items()}
+    for name, sampled in spec.sampled.items():
+        search[name] = {sampled.kind: plain_value(sampled.values)}
+    return {"name": spec.name, "base": plain_value(spec.base), "search": search,
+            "num_samples": spec.num_samples, "seeds": list(spec.seeds),
+            "metric": spec.metric, "mode": spec.mode}
+
+
+def effective_base(base: dict[str, Any]) -> dict[str, Any]:
+    """Every setting the trials take from ``base``: its own values and the defaults of the
+    rest (those the sweep sets for each trial left out), so a default written out or left
+    out is the same base."""
+    values = {f.name: plain_value(field_default(f)) for f in FIELDS.values()
+              if f.name not in TRIAL_OWNED}
+    return {**values, **{k: plain_value(v) for k, v in base.items()}}
 
 
 def trial_config(spec: SweepSpec, params: Mapping[str, Any], *, log_dir: str,

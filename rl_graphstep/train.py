@@ -26,7 +26,13 @@ import numpy as np
 import torch
 
 from rl_graphstep.acting import policy_pipe
-from rl_graphstep.cli import argument_list, end_startup_guard, exit_quietly, type_name
+from rl_graphstep.cli import (
+    argument_list,
+    end_startup_guard,
+    exit_quietly,
+    suggested_command,
+    type_name,
+)
 from rl_graphstep.compiling import quiet_compiler
 from rl_graphstep.config import Config
 from rl_graphstep.console import say, summary_line
@@ -126,7 +132,8 @@ def _loop(run: Run, stops: list[int]) -> None:
         if stops:
             raise TrainingInterrupted(
                 stops[0], f"{_stop_name(stops[0])} at step {step}: checkpoint {saved} saved "
-                f"and logs flushed; continue with --resume {run.run_dir}")
+                f"and logs flushed; continue with: "
+                f"{suggested_command('rl_graphstep.train', '--resume', str(run.run_dir))}")
 
 
 def _stop_name(signum: int) -> str:

@@ -18,6 +18,7 @@ from torch import nn
 
 from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.checkpoint import latest_checkpoint, load_checkpoint
+from rl_graphstep.cli import suggested_command
 from rl_graphstep.errors import NonFiniteUpdates
 from rl_graphstep.evaluate import evaluate
 from rl_graphstep.flags import load_config
@@ -174,9 +175,10 @@ def test_a_run_of_nonfinite_updates_stops_with_a_checkpoint_that_resumes(
     assert str(stopped.value) == (
         f"at least --nonfinite-limit 100 consecutive updates had non-finite losses or "
         f"gradients (100 by step {step}, when it was "
-        f"checked); checkpoint {checkpoint} holds the parameters of the last finite update "
-        f"(continue with --resume {run}); check the rewards and observations the "
-        f"environment returns, or lower the learning rates")
+        f"checked); checkpoint {checkpoint} holds the parameters of the last finite update; "
+        f"check the rewards and observations the environment returns, or lower the learning "
+        "rates; then continue with: "
+        + suggested_command("rl_graphstep.train", "--resume", str(run)))
     assert step == 300  # the first log interval with 100 updates, not the step-0 checkpoint
     for part in ("actor", "critic"):
         for tensor in state["agent"][part].values():

@@ -265,8 +265,8 @@ def test_a_new_run_never_overwrites_an_existing_one(tmp_path: Path,
     train(load_config(args))
     before = {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()}
     assert main(args) == 2
-    assert "already holds a run with checkpoints; continue it with --resume" in (
-        capsys.readouterr().err)
+    assert "already holds a run with checkpoints; pick another --run-name, or continue it " \
+        "with: " in capsys.readouterr().err
     assert {p: p.read_bytes() for p in (tmp_path / "run").rglob("*") if p.is_file()} == before
 
 

@@ -1,17 +1,21 @@
 """Sweeps on Ray Tune: a 2 x 2 grid on a local Ray (every trial a seed group), the results
-table and best config, a second sweep into the same folder refused; the metric and the search
-space on their own."""
+table and best config, a second sweep into the same folder refused, a resume of an edited file
+refused; stops and resumes, retries, bad flags; the metric and the search space on their own."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from rl_graphstep.checkpoint import checkpoint_step, list_checkpoints
+from rl_graphstep.cli import suggested_command
+from rl_graphstep.errors import RunFolderError
 from rl_graphstep.sweep import main, trial_cpus, trial_metrics
 from rl_graphstep.train import main as train_main
 
@@ -90,8 +94,28 @@ def test_a_two_by_two_grid_on_a_local_ray(tmp_path: Path, monkeypatch: pytest.Mo
     assert (next((tmp_path / "again").iterdir()) / "seed_2").is_dir()
     # A second sweep into the same folder is one line and exit 2.
     assert main(["grid.yaml", "--log-dir", "runs"]) == 2
-    assert capsys.readouterr().err == (f"error: {sweep} already holds a sweep; continue it "
-                                       "with --resume or give the sweep another name\n")
+    resume = suggested_command("rl_graphstep.sweep", "grid.yaml", "--log-dir", "runs",
+                               "--resume")
+    assert capsys.readouterr().err == (f"error: {sweep} already holds a sweep; give the sweep "
+                                       f"another name, or continue it with: {resume}\n")
+    # The folder keeps the file the sweep started with: a resume of an edited one is refused.
+    assert yaml.safe_load((sweep / "sweep.yaml").read_text())["search"] == {
+        "q_lr": [0.001, 0.0003], "policy_lr": [0.001, 0.0003]}
+    (tmp_path / "grid.yaml").write_text(SWEEP.replace("q_lr", "tau")
+                                        .replace("total_timesteps: 400", "total_timesteps: 500"))
+    assert main(["grid.yaml", "--log-dir", "runs", "--resume"]) == 2
+    assert capsys.readouterr().err == (
+        "error: the sweep file grid.yaml differs from the one this sweep started with "
+        "(total_timesteps 400 -> 500; search.q_lr removed; search.tau added); resume with the "
+        "original file (a copy is runs/grid/sweep.yaml) or start a new sweep under another "
+        "name or --log-dir\n")
+    (tmp_path / "grid.yaml").write_text(SWEEP)
+    assert main(["grid.yaml", "--log-dir", "runs", "--resume", "--scheduler", "asha"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --scheduler asha differs from the sweep's --scheduler fifo: a resumed sweep "
+        "keeps the flags it started with; drop --scheduler (or start a new sweep under another "
+        "name or --log-dir)\n")
+    assert not (sweep / ".lock").exists()
 
 
 FAIL_ONCE = '''
@@ -158,12 +182,24 @@ def test_a_failed_trial_is_retried_from_its_last_checkpoint(
     assert [e.step for e in events.Scalars("charts/SPS")] == [100, 200, 300, 400]
 
 
-@pytest.mark.parametrize("how", ["kill -9", "SIGINT", "SIGTERM"])
+def default_stop_signals() -> None:
+    """In a test's child, before it runs: the stop signals act as they do by default, whatever
+    the test's own process was started with (``nohup`` ignores SIGHUP, ``cmd &`` SIGINT)."""
+    import signal
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("how", ["kill -9", "SIGINT", "SIGTERM", "SIGTERM to the group"])
 def test_a_driver_stopped_mid_sweep_resumes_and_every_trial_finishes_once(
         how: str, tmp_path: Path) -> None:
-    """kill -9 of the driver's process group (its local Ray with it), or a Ctrl-C or SIGTERM
-    to the driver, which then stops cleanly with one line; ``--resume`` finishes the rest."""
+    """kill -9 of the driver's process group (its local Ray with it), a Ctrl-C or SIGTERM to
+    the driver, or a SIGTERM to its whole process group (``timeout``, a batch system), after
+    which it stops cleanly with one line; the command that line gives, run as printed,
+    finishes the rest."""
     pytest.importorskip("ray.tune")
+    import shlex
     import signal
     import subprocess
     import sys
@@ -178,26 +214,39 @@ def test_a_driver_stopped_mid_sweep_resumes_and_every_trial_finishes_once(
     env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     command = [sys.executable, "-m", "rl_graphstep.sweep", "grid.yaml", "--log-dir", "runs"]
     driver = subprocess.Popen(command, cwd=tmp_path, env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                              preexec_fn=default_stop_signals, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
     sweep = tmp_path / "runs" / "grid"
-    deadline = time.monotonic() + 120
-    # Killed once some trial has checkpointed (others may have finished or not started).
-    while time.monotonic() < deadline and not list(sweep.glob("*/checkpoints/step_*400.pt")):
-        time.sleep(0.2)
-    if how == "kill -9":
-        os.killpg(driver.pid, signal.SIGKILL)  # the driver and the local Ray it started
-        driver.communicate(timeout=60)
-    else:
-        signum = signal.SIGINT if how == "SIGINT" else signal.SIGTERM
-        driver.send_signal(signum)
-        _, stderr = driver.communicate(timeout=120)
-        assert driver.returncode == 128 + signum, stderr[-2000:]
-        assert "trials unfinished; continue with: python -m rl_graphstep.sweep grid.yaml " \
-               "--resume\n" in stderr
-        assert "Traceback" not in stderr
-    assert not (sweep / "results.csv").exists()
-    resumed = subprocess.run([*command, "--resume"], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=300)
+    try:
+        deadline = time.monotonic() + 120
+        # Stopped once some trial has checkpointed (others may have finished or not started).
+        while time.monotonic() < deadline and not list(sweep.glob("*/checkpoints/step_*400.pt")):
+            time.sleep(0.2)
+        if how == "kill -9":
+            os.killpg(driver.pid, signal.SIGKILL)  # the driver, and Ray's processes after it
+            driver.communicate(timeout=60)
+            resume = [*command, "--resume"]
+        else:
+            signum = signal.SIGINT if how == "SIGINT" else signal.SIGTERM
+            if how == "SIGTERM to the group":
+                os.killpg(driver.pid, signum)
+            else:
+                driver.send_signal(signum)
+            _, stderr = driver.communicate(timeout=120)
+            assert driver.returncode == 128 + signum, stderr[-2000:]
+            assert "Traceback" not in stderr
+            last = stderr.splitlines()[-1]
+            printed = suggested_command("rl_graphstep.sweep", "grid.yaml", "--log-dir", "runs",
+                                        "--resume")
+            assert last.endswith(f"trials unfinished; continue with: {printed}"), stderr[-2000:]
+            assert "Tuner.restore" not in stderr  # Tune's own advice, not a command to run
+            resume = shlex.split(printed)
+        assert not (sweep / "results.csv").exists()
+        resumed = subprocess.run(resume, cwd=tmp_path, env=env, capture_output=True, text=True,
+                                 timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     with (sweep / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
@@ -341,3 +390,120 @@ def test_a_trial_that_always_fails_is_recorded_with_its_own_error(
     assert row["error"].startswith("EnvError: the environment's step raised RuntimeError: "
                                    "the simulator crashed")
 
+
+
+@pytest.mark.parametrize(("flags", "line"), [
+    (["--max-failures", "-1"], "--max-failures must be 0 or more (retries of a failed trial), "
+                               "got -1"),
+    (["--cpus-per-trial", "0"], "--cpus-per-trial must be a number > 0 (a share such as 0.5, "
+                                "or whole ones), got 0"),
+    (["--gpus-per-trial", "-1"], "--gpus-per-trial must be a number >= 0 (a share such as 0.5, "
+                                 "or whole ones), got -1"),
+    (["--cpus-per-trial", "two"], "--cpus-per-trial must be a number, got 'two'"),
+    (["--max-failure", "1"], "unknown flag --max-failure (did you mean --max-failures?)"),
+])
+def test_a_bad_flag_is_one_line_before_anything_starts(
+        flags: list[str], line: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "grid.yaml").write_text(SWEEP)
+    assert main([str(tmp_path / "grid.yaml"), "--log-dir", str(tmp_path / "runs"), *flags]) == 2
+    assert capsys.readouterr().err == f"error: {line}\n"
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_trial_the_local_ray_could_never_place_is_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Tune would wait for the CPUs forever."""
+    pytest.importorskip("ray.tune")
+    (tmp_path / "grid.yaml").write_text(SWEEP)
+    assert main([str(tmp_path / "grid.yaml"), "--log-dir", str(tmp_path / "runs"),
+                 "--cpus-per-trial", "100000"]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("error: --cpus-per-trial 100000 is more than the ")
+    assert err.endswith(" CPUs of the local Ray this sweep started, so no trial could ever "
+                        "start; give at most " + err.split("the ")[1].split()[0] +
+                        ", or --address a Ray cluster that has them")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_network_file_named_from_the_sweeps_folder_trains_in_every_trial(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``critic: nets/layernorm_critic.py:...`` as ``train --config`` takes it, from the current
+    folder, though the trial runs in a Ray worker elsewhere."""
+    pytest.importorskip("ray.tune")
+    import shutil
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nets").mkdir()
+    shutil.copy(Path(__file__).parents[1] / "examples" / "layernorm_critic.py", tmp_path / "nets")
+    (tmp_path / "nets.yaml").write_text(
+        SWEEP.replace("name: grid", "name: nets").replace("  policy_lr: [0.001, 0.0003]\n", "")
+        .replace("q_lr: [0.001, 0.0003]", "q_lr: [0.001]").replace("num_seeds: 2", "num_seeds: 1")
+        .replace("  device: cpu", "  device: cpu\n  critic: "
+                 "nets/layernorm_critic.py:LayerNormCritic"))
+    assert main(["nets.yaml", "--log-dir", "runs", "--max-failures", "0"]) == 0
+    with (tmp_path / "runs" / "nets" / "results.csv").open() as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["error"] == "" and row["global_step"] == "400"
+
+
+def test_a_trial_that_starts_over_starts_a_clean_folder(tmp_path: Path) -> None:
+    """A trial whose earlier attempt left no checkpoint trains again from step 0: what that
+    attempt logged goes, so no curve repeats its steps; one with a checkpoint resumes."""
+    from rl_graphstep.rundir import RunLock
+    from rl_graphstep.sweep import trial_resumes
+
+    trial = tmp_path / "t1"
+    assert not trial_resumes(trial) and not trial.exists()
+    (trial / "seed_1").mkdir(parents=True)
+    (trial / "seed_1" / "events.out.tfevents.1").write_bytes(b"steps 100 and 200")
+    (trial / "aggregate").mkdir()
+    assert not trial_resumes(trial)
+    assert trial.is_dir() and list(trial.iterdir()) == []
+    (trial / "checkpoints").mkdir()
+    (trial / "checkpoints" / "step_200.pt").write_bytes(b"")
+    (trial / "seed_1").mkdir()
+    assert trial_resumes(trial)
+    assert (trial / "seed_1").is_dir()
+    (trial / "checkpoints" / "step_200.pt").unlink()
+    with RunLock(trial), pytest.raises(RunFolderError, match="its earlier attempt still runs"):
+        trial_resumes(trial)  # an attempt still running: nothing removed under it
+    assert (trial / "seed_1").is_dir()
+
+
+def test_a_retried_trial_without_a_checkpoint_logs_each_step_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ray.tune")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    marker = failing_sweep(tmp_path, monkeypatch, "over", FAIL_ONCE)  # no checkpoint before 400
+    assert main(["over.yaml", "--log-dir", "runs", "--max-failures", "1"]) == 0
+    assert not marker.exists()  # the first attempt failed at its 250th step
+    sweep = tmp_path / "runs" / "over"
+    with (sweep / "results.csv").open() as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["error"] == "" and row["global_step"] == "400"
+    trial = sweep / row["trial"]
+    events = EventAccumulator(str(trial / "aggregate"))
+    events.Reload()
+    # The retry's steps alone: the first attempt's 100 and 200 are not logged twice.
+    assert [e.step for e in events.Scalars("charts/SPS")] == [100, 200, 300, 400]
+    for folder in ("aggregate", "seed_1", "seed_2"):  # the first attempt's files are gone
+        assert len(list((trial / folder).glob("events.out.tfevents.*"))) == 1
+
+
+def test_a_sigterm_while_ray_starts_is_one_line_and_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Ray's own SIGTERM handler, set while it starts, would exit with 15 and no line."""
+    ray = pytest.importorskip("ray")
+    import signal
+
+    monkeypatch.setattr(ray, "init", lambda **_kwargs: signal.raise_signal(signal.SIGTERM))
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "grid.yaml").write_text(SWEEP)
+    assert main(["grid.yaml", "--log-dir", "my runs"]) == 143
+    again = suggested_command("rl_graphstep.sweep", "grid.yaml", "--log-dir", "my runs")
+    assert capsys.readouterr().err == (
+        f"stopped by SIGTERM before any trial ran; run the same command again: {again}\n")
+    assert not (tmp_path / "my runs").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -110,3 +111,59 @@ def test_an_empty_sweep_file_is_one_default_trial(tmp_path: Path) -> None:
     spec = read_sweep_file(write(tmp_path, "# nothing yet\n", name="empty.yaml"))
     assert spec.trials == 1 and spec.grid_points() == [{}] and spec.seeds == (1,)
     assert spec.name == "empty" and spec.base == {}
+
+
+def test_a_network_file_is_taken_from_the_current_folder_and_kept_absolute(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``train --config`` takes ``nets/x.py:Class`` from the current folder; a trial runs in a
+    Ray worker elsewhere, so the sweep keeps the absolute path, in its base (also from a base
+    config file) and in its search."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nets").mkdir()
+    for name in ("a.py", "b.py", "c.py"):
+        (tmp_path / "nets" / name).write_text("")
+    write(tmp_path, "critic: nets/c.py:Critic\n", name="base.yaml")
+    spec = read_sweep_file(write(tmp_path, """
+base: {config: base.yaml, actor: nets/a.py:Actor}
+search:
+  actor: [nets/a.py:Actor, nets/b.py:Actor]
+  critic: {choice: [nets/c.py:Critic, examples.layernorm_critic:LayerNormCritic]}
+"""))
+    nets = tmp_path.resolve() / "nets"
+    assert spec.base["actor"] == f"{nets / 'a.py'}:Actor"
+    assert spec.base["critic"] == f"{nets / 'c.py'}:Critic"
+    assert spec.grid["actor"] == (f"{nets / 'a.py'}:Actor", f"{nets / 'b.py'}:Actor")
+    assert spec.sampled["critic"].values == (  # a module spec is imported, not a path
+        f"{nets / 'c.py'}:Critic", "examples.layernorm_critic:LayerNormCritic")
+
+
+def test_a_network_file_that_is_not_there_is_one_line(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    path = write(tmp_path, "base: {actor: nets/custom.py:DeepActor}\n")
+    with pytest.raises(ConfigError) as raised:
+        read_sweep_file(path)
+    assert str(raised.value) == (
+        f"actor: file 'nets/custom.py' for 'nets/custom.py:DeepActor' does not exist (relative "
+        f"paths are taken from {tmp_path}) in {path}'s base")
+
+
+def test_the_record_of_a_sweep_reads_back_as_the_same_sweep(tmp_path: Path) -> None:
+    import yaml
+
+    from rl_graphstep.sweepfile import sweep_record
+
+    spec = read_sweep_file(write(tmp_path, """
+name: rec
+base: {env_id: Pendulum-v1, hidden_sizes: [16, 16], total_timesteps: 3000, learning_starts: 100}
+search:
+  q_lr: [0.001, 0.0003]
+  tau: {uniform: [0.002, 0.02]}
+  hidden_sizes: {choice: [[8], [16, 16]]}
+seeds: [3, 5]
+num_samples: 2
+metric: mean
+mode: min
+"""))
+    again = read_sweep_file(write(tmp_path, yaml.safe_dump(sweep_record(spec)), "kept.yaml"))
+    assert again == dataclasses.replace(spec, source=again.source)
