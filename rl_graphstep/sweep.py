@@ -48,6 +48,7 @@ from rl_graphstep.config import config_to_dict
 from rl_graphstep.console import say
 from rl_graphstep.errors import ConfigError, RunFolderError, first_line, os_error_line
 from rl_graphstep.rundir import LOCK_FILE, RunLock
+from rl_graphstep.runfolders import SWEEP_STATE_DIR
 from rl_graphstep.sweepfile import SweepSpec, read_sweep_file, trial_config
 from rl_graphstep.sweepray import started_ray
 from rl_graphstep.sweepstart import (
@@ -224,7 +225,7 @@ def run_sweep(spec: SweepSpec, args: argparse.Namespace, stopped_by: list[int]) 
     sweep's flags: those given, or on ``--resume`` those it started with. SIGTERM and SIGHUP
     stop it as a Ctrl-C does (see ``started_ray``), noted in ``stopped_by``."""
     sweep_dir = (Path(args.log_dir) / spec.name).resolve()
-    tune_dir = sweep_dir / ".tune"
+    tune_dir = sweep_dir / SWEEP_STATE_DIR
     given = _given_flags(args)
     with RunLock(sweep_dir, advice="wait for it to end or give this one another name",
                  owner="sweep"):
@@ -252,7 +253,7 @@ def _tune(spec: SweepSpec, args: argparse.Namespace, flags: SweepFlags, stopped_
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
-    tune_dir = sweep_dir / ".tune"
+    tune_dir = sweep_dir / SWEEP_STATE_DIR
     local = args.address is None and not os.environ.get("RAY_ADDRESS")
     with started_ray(args.address, stopped_by):
         problem = placement_problem(flags, ray.cluster_resources()) if local else None
@@ -361,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         _given_flags(args)  # checked before the file is read, Ray started or a folder made
         spec = read_sweep_file(args.sweep_file)
-        if (Path(args.log_dir) / spec.name / ".tune" / spec.name).is_dir():
+        if (Path(args.log_dir) / spec.name / SWEEP_STATE_DIR / spec.name).is_dir():
             go_on = f"continue with: {resume_command(args)}"
         results = run_sweep(spec, args, stopped_by)
     except (ConfigError, RunFolderError) as err:

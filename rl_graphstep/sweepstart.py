@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from rl_graphstep.errors import ConfigError, display_path
+from rl_graphstep.runfolders import SWEEP_STATE_DIR
 from rl_graphstep.sweepfile import SweepSpec, effective_base, sweep_record
 
 __all__ = ["FLAGS_FILE", "RECORD", "SweepFlags", "check_same_sweep", "flag_problem",
@@ -89,7 +90,7 @@ def record_start(sweep_dir: Path, spec: SweepSpec, flags: SweepFlags) -> None:
     header = (f"# The sweep {spec.name} as it started (from {spec.source}, its base config "
               "expanded): --resume\n# continues it only with a sweep file that reads the same.\n")
     (sweep_dir / RECORD).write_text(header + yaml.safe_dump(sweep_record(spec), sort_keys=False))
-    (sweep_dir / ".tune" / FLAGS_FILE).write_text(
+    (sweep_dir / SWEEP_STATE_DIR / FLAGS_FILE).write_text(
         yaml.safe_dump(dataclasses.asdict(flags), sort_keys=False))
 
 
@@ -158,7 +159,7 @@ def _shown(value: Any) -> str:
 def resumed_flags(sweep_dir: Path, given: Mapping[str, Any]) -> SweepFlags:
     """The flags of the sweep resumed in ``sweep_dir``: those it started with. ``given``
     (None: not given) may repeat them; one that differs is refused, as Tune would not take it."""
-    kept = _load(sweep_dir / ".tune" / FLAGS_FILE)
+    kept = _load(sweep_dir / SWEEP_STATE_DIR / FLAGS_FILE)
     flags = SweepFlags(**{k: v for k, v in kept.items() if k in NAMES}) if isinstance(
         kept, dict) else SweepFlags()
     differ = [(name, value) for name, value in given.items()
