@@ -7,12 +7,15 @@ import os
 import random
 import signal
 import time
+from pathlib import Path
 
+import fakes  # noqa: F401 (registers IntActions-v0 and NoActions-v0)
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
+from rl_graphstep import train
 from rl_graphstep.envs import (
     EnvStepper,
     EpisodeStatistics,
@@ -150,6 +153,58 @@ def test_image_observation_and_unbounded_action_are_rejected() -> None:
     unbounded = gym.spaces.Box(-np.inf, np.inf, (2,))
     with pytest.raises(EnvError, match="finite bounds"):
         check_continuous_spaces("Free-v0", flat, unbounded)
+
+
+def test_an_int_action_space_is_refused_naming_the_env_and_the_space() -> None:
+    """The policy's actions are floats: an int env would get values outside its space."""
+    flat = gym.spaces.Box(-1, 1, (4,))
+    with pytest.raises(EnvError) as info:
+        check_continuous_spaces("Grid-v0", flat, gym.spaces.Box(-5, 5, (2,), np.int64),
+                                algo="td3")
+    assert str(info.value) == (
+        "TD3 needs a float Box action space (SAC, TD3 and DDPG choose real-valued actions); "
+        "Grid-v0 has Box(-5, 5, (2,), int64): declare a float32 Box and round the actions in "
+        "the environment")
+    check_continuous_spaces("Half-v0", flat, gym.spaces.Box(-1, 1, (2,), np.float16))
+
+
+@pytest.mark.parametrize(("observation_space", "action_space", "message"), [
+    (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Box(-1, 1, (0,)),
+     "SAC needs an action space of at least one entry; Odd-v0 has Box([], [], (0,), float32)"),
+    (gym.spaces.Box(-1, 1, (0,)), gym.spaces.Box(-1, 1, (2,)),
+     "SAC needs an observation space of at least one entry; Odd-v0 has Box([], [], (0,), "
+     "float32)"),
+    # Finite bounds whose width overflows float32: scaled actions would be inf or nan.
+    (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Box(-3e38, 3e38, (1,)),
+     "SAC needs action bounds whose width (high - low) is a finite float32; Odd-v0 has "
+     "Box(-3e+38, 3e+38, (1,), float32)"),
+], ids=["no actions", "no observations", "too wide"])
+def test_spaces_the_agent_cannot_act_in_are_refused(observation_space: gym.Space,
+                                                    action_space: gym.Space,
+                                                    message: str) -> None:
+    with pytest.raises(EnvError) as info:
+        check_continuous_spaces("Odd-v0", observation_space, action_space)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(("env_id", "message"), [
+    ("IntActions-v0", "SAC needs a float Box action space (SAC, TD3 and DDPG choose "
+                      "real-valued actions); IntActions-v0 has Box(-5, 5, (2,), int64)"),
+    ("NoActions-v0", "SAC needs an action space of at least one entry; NoActions-v0 has "
+                     "Box([], [], (0,), float32)"),
+])
+@pytest.mark.parametrize("vec_env", ["sync", "async", "shared"])
+def test_a_run_in_spaces_it_cannot_act_in_is_one_line_before_any_step(
+        env_id: str, message: str, vec_env: str, tmp_path: Path,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """Before the shared env lays out its memory, and with no async worker left behind to
+    print its traceback."""
+    code = train.main(["--env", env_id, "--vec-env", vec_env, "--num-envs", "2", "--device",
+                       "cpu", "--total-timesteps", "300", "--learning-starts", "100",
+                       "--no-progress", "--log-dir", str(tmp_path / "runs")])
+    err = capfd.readouterr().err
+    assert code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1, err
+    assert not (tmp_path / "runs").exists()
 
 
 def test_truncation_final_observation_and_episode_statistics() -> None:
