@@ -30,6 +30,7 @@ __all__ = [
     "EpisodeStatistics",
     "OneEnvVector",
     "check_continuous_spaces",
+    "check_trained_observations",
     "first_reset",
     "import_env_module",
     "make_env",
@@ -200,6 +201,21 @@ def check_continuous_spaces(
     if observation_space.shape[0] == 0:
         raise EnvError(f"{name} needs an observation space of at least one entry; {env_id} "
                        f"has {observation_space}")
+
+
+def check_trained_observations(env_id: str, observation_space: gym.Space, state: dict,
+                               run: str, use: str) -> None:
+    """Raise `EnvError` when a checkpoint's observations (``state["observations"]``, one row
+    per env) are not of ``observation_space``'s size: the env changed since the run was
+    trained (a user's own env, edited), and its networks would not fit it. ``run`` names the
+    run, ``use`` what the user was doing ("resume", "evaluate")."""
+    saved = state.get("observations")
+    if not isinstance(saved, np.ndarray) or saved.ndim != 2:
+        return
+    if saved.shape[1] != observation_space.shape[0]:
+        raise EnvError(f"{run} was trained on observations of {saved.shape[1]} entries, but "
+                       f"{env_id}'s observation space is now {observation_space}; {use} with "
+                       "the environment it was trained on")
 
 
 def true_next_observations(next_obs: np.ndarray, infos: dict) -> np.ndarray:

@@ -33,7 +33,12 @@ from rl_graphstep.cli import OneLineParser, end_startup_guard, exit_quietly
 from rl_graphstep.config import SEED_MAX, Config, config_from_dict, saved_config_values
 from rl_graphstep.console import say, seeds_text
 from rl_graphstep.envmake import declared_render_modes, make_env
-from rl_graphstep.envs import check_continuous_spaces, scale_action, seed_everything
+from rl_graphstep.envs import (
+    check_continuous_spaces,
+    check_trained_observations,
+    scale_action,
+    seed_everything,
+)
 from rl_graphstep.errors import (
     CheckpointError,
     ConfigError,
@@ -254,6 +259,9 @@ class _Run:
         try:
             check_continuous_spaces(cfg.env_id, env.observation_space, env.action_space,
                                     cfg.algo)
+            check_trained_observations(cfg.env_id, env.observation_space, self.state,
+                                       f"checkpoint {display_path(str(self.checkpoint))}",
+                                       "evaluate")
             policy = _load_actor(algorithm, cfg, self.state, env, self.device, self.checkpoint,
                                  self.actor, self.critic, member=k)
             if video:

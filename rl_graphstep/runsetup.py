@@ -19,7 +19,12 @@ from rl_graphstep.collector import Collector
 from rl_graphstep.compiling import updates_ahead
 from rl_graphstep.config import Config
 from rl_graphstep.console import LoopClock
-from rl_graphstep.envs import first_reset, make_vec_env, seed_everything
+from rl_graphstep.envs import (
+    check_trained_observations,
+    first_reset,
+    make_vec_env,
+    seed_everything,
+)
 from rl_graphstep.errors import ConfigError
 from rl_graphstep.learners import OffPolicyLearner
 from rl_graphstep.netspec import (
@@ -96,6 +101,9 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     # closing again does nothing. A resume may replace envs: the lambda closes the last.)
     owned.callback(lambda: envs.close())
     observation_space, action_space = envs.single_observation_space, envs.single_action_space
+    if resumed is not None:  # before its networks meet ones built for another env
+        check_trained_observations(cfg.env_id, observation_space, resumed, str(run_dir),
+                                   "resume")
     observation_size, action_size = observation_space.shape[0], action_space.shape[0]
 
     algorithm_class = ALGORITHMS[cfg.algo]

@@ -27,6 +27,7 @@ from rl_graphstep.envs import (
     true_next_observations,
 )
 from rl_graphstep.errors import ConfigError, EnvError
+from rl_graphstep.evaluate import evaluate
 
 
 def test_pendulum_vec_env_spaces() -> None:
@@ -205,6 +206,51 @@ def test_a_run_in_spaces_it_cannot_act_in_is_one_line_before_any_step(
     err = capfd.readouterr().err
     assert code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1, err
     assert not (tmp_path / "runs").exists()
+
+
+class Sized(gym.Env):
+    """Observations of ``size`` zeros; episodes of 50 steps."""
+
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self, size: int = 3) -> None:
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (size,), np.float32)
+        self.t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        self.t = 0
+        return np.zeros(self.observation_space.shape, np.float32), {}
+
+    def step(self, action: np.ndarray) -> tuple:
+        self.t += 1
+        return (np.zeros(self.observation_space.shape, np.float32), 0.0, False, self.t >= 50,
+                {})
+
+
+@pytest.mark.filterwarnings("ignore:.*Overriding environment Edited-v0")
+def test_resume_and_evaluate_of_an_env_edited_since_say_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Said before the networks meet ones built for another env (whose mismatch advised
+    resuming with other networks)."""
+    gym.register("Edited-v0", entry_point=Sized, kwargs={"size": 3})
+    run = tmp_path / "run"
+    assert train.main(["--env", "Edited-v0", "--device", "cpu", "--total-timesteps", "300",
+                       "--learning-starts", "100", "--batch-size", "32", "--hidden-sizes",
+                       "16", "--no-progress", "--log-dir", str(tmp_path), "--run-name",
+                       "run"]) == 0
+    gym.register("Edited-v0", entry_point=Sized, kwargs={"size": 4})
+    capsys.readouterr()
+    assert train.main(["--resume", str(run), "--total-timesteps", "400"]) == 2
+    space = "Box(-1.0, 1.0, (4,), float32)"
+    assert capsys.readouterr().err == (
+        f"error: {run} was trained on observations of 3 entries, but Edited-v0's observation "
+        f"space is now {space}; resume with the environment it was trained on\n")
+    checkpoint = run / "checkpoints" / "step_000000000300.pt"
+    with pytest.raises(EnvError) as info:
+        evaluate(run, episodes=1, device="cpu", verbose=False)
+    assert str(info.value) == (
+        f"checkpoint {checkpoint} was trained on observations of 3 entries, but Edited-v0's "
+        f"observation space is now {space}; evaluate with the environment it was trained on")
 
 
 def test_truncation_final_observation_and_episode_statistics() -> None:
