@@ -9,12 +9,13 @@ wrappers), on every copy a run or an evaluation steps, in this process or in a w
 from __future__ import annotations
 
 import reprlib
+import warnings
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-from rl_graphstep.errors import EnvError, first_line, user_location
+from rl_graphstep.errors import EnvError, first_line, user_frame, user_location
 
 __all__ = ["SpaceCheck", "raised_line"]
 
@@ -83,6 +84,18 @@ class SpaceCheck(gym.Wrapper):
                 and type(truncated) in self._flag_types and type(info) is dict):
             self._check_step(observation, reward, terminated, truncated, info)
         return result
+
+    def close(self) -> None:
+        """Close the env; an error of its own is a warning, not a failed run: the run's
+        work is saved by then (and an async env's start closes a first copy)."""
+        try:
+            self.env.close()
+        except Exception as exc:
+            # Shown at the user's line, not at gymnasium's wrapper that called close.
+            frame = user_frame(exc)
+            warnings.warn_explicit(f"{raised_line('close', exc)}; ignored", UserWarning,
+                                   frame.filename if frame else __file__,
+                                   (frame.lineno or 0) if frame else 0)
 
     def _check_step(self, observation: Any, reward: Any, terminated: Any, truncated: Any,
                     info: Any) -> None:

@@ -100,10 +100,10 @@ def _quiet_worker_errors() -> None:
         message=r".*ERROR: (Received the following error|Traceback|Raising the last exception)")
 
 
-def first_reset(envs: VectorEnv, seed: int | list[int] | None) -> np.ndarray:
-    """The first observations, from ``envs.reset(seed=seed)`` (a list: one seed per env; None:
-    unseeded); a custom env whose reset fails, or returns what its spaces cannot hold, is one
-    line naming the error and the user's line."""
+def first_reset(envs: VectorEnv, seed: int | list[int]) -> np.ndarray:
+    """The first observations, from ``envs.reset(seed=seed)`` (a list: one seed per env); a
+    custom env whose reset fails, or returns what its spaces cannot hold, is one line
+    naming the error and the user's line."""
     try:
         observations, _ = envs.reset(seed=seed)
     except EnvError:

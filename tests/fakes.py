@@ -215,6 +215,10 @@ class SpaceBreaker(gym.Env):
             return observation, reward, terminated, info
         return observation, reward, terminated, False, info
 
+    def close(self) -> None:
+        if self.fault == "close_raises":
+            raise RuntimeError("close boom")
+
 
 SPACE_FAULTS = {
     "reset_shape": "reset returned an observation of shape (5,) and dtype float32, but its "
@@ -234,7 +238,7 @@ SPACE_FAULTS = {
 }
 """What each fault's env returns, as the one line after ``environment 'ID': `` says it."""
 
-for _fault in ("none", "step_raises", *SPACE_FAULTS):
+for _fault in ("none", "step_raises", "close_raises", *SPACE_FAULTS):
     # Registered on import, so that fakes:Breaks_<fault>-v0 makes them in a training
     # subprocess too. BreaksLate comes after 150 good steps, which took the check's fast path.
     gym.register(f"Breaks_{_fault}-v0", entry_point=SpaceBreaker, kwargs={"fault": _fault},

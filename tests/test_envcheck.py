@@ -144,3 +144,18 @@ def test_the_command_line_names_the_env_and_what_it_returned(tmp_path: Path) -> 
         process.wait()
     assert process.returncode == 2
     assert err == (f"error: environment 'fakes:Breaks_step_4-v0': {SPACE_FAULTS['step_4']}\n")
+
+
+def test_an_env_whose_close_raises_is_a_warning_after_a_finished_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The run's work is saved by then: it ends as done, exit 0 (it was a traceback, exit 1;
+    an async env's start, which closes a first copy, said the env 'could not be made')."""
+    with pytest.warns(UserWarning) as caught:
+        code = train.main([*SMALL, "--env", "Breaks_close_raises-v0", "--log-dir",
+                           str(tmp_path), "--run-name", "r"])
+    assert code == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("done: 300 steps")
+    closes = [str(w.message) for w in caught if "close" in str(w.message)]
+    assert len(closes) == 1
+    assert re.fullmatch(r"the environment's close raised RuntimeError: close boom \(at "
+                        r"tests/fakes\.py:\d+\); ignored", closes[0])
