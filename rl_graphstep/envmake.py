@@ -152,16 +152,21 @@ def _failed_env_message(env_id: str, exc: Exception) -> str:
 
 
 def _unknown_env_message(env_id: str) -> str:
-    """The one-line error for an id gymnasium does not know, with the closest registered ids."""
+    """The one-line error for an id gymnasium does not know, with the closest registered id
+    (in the ``module:EnvId`` form where the id came with its module)."""
+    module, _, name = env_id.rpartition(":")
     known = list(gym.envs.registry.keys())
     # Compare case-insensitively so 'pendulum-v1' still finds 'Pendulum-v1'.
-    by_lower = {name.lower(): name for name in known}
+    by_lower = {known_name.lower(): known_name for known_name in known}
     # Only the best match: one name is a clear suggestion, a list reads as a puzzle.
-    matches = difflib.get_close_matches(env_id.lower(), list(by_lower), n=1, cutoff=0.6)
+    matches = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
     if matches:
-        hint = f"did you mean {by_lower[matches[0]]}?"
+        hint = f"did you mean {module + ':' if module else ''}{by_lower[matches[0]]}?"
+    elif module:
+        hint = f"no environment of a similar name is registered, with {module!r} imported"
     else:
-        hint = "no registered environment has a similar name"
+        hint = ("no registered environment has a similar name; an environment your own "
+                "module registers is given as module:EnvId")
     return f"unknown environment {env_id!r}; {hint} (see gymnasium.envs.registry for the list)"
 
 

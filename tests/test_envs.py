@@ -116,6 +116,21 @@ def test_unknown_env_without_close_match() -> None:
         make_vec_env("Zzzqqq-v0", seed=0)
 
 
+@pytest.mark.parametrize(("env_id", "hint"), [
+    ("fakes:breaks_nne-v0", "did you mean fakes:Breaks_none-v0?"),
+    ("fakes:Zzzqqq-v0", "no environment of a similar name is registered, with 'fakes' "
+                        "imported"),
+    ("Zzzqqq-v0", "no registered environment has a similar name; an environment your own "
+                  "module registers is given as module:EnvId"),
+])
+def test_unknown_env_of_a_module_suggests_the_module_form(env_id: str, hint: str) -> None:
+    """The suggestion is what to pass: with the module, whose import registers the id."""
+    with pytest.raises(EnvError) as info:
+        make_vec_env(env_id, seed=0)
+    assert str(info.value) == (f"unknown environment '{env_id}'; {hint} (see "
+                               "gymnasium.envs.registry for the list)")
+
+
 def test_missing_mujoco_names_the_extra() -> None:
     if importlib.util.find_spec("mujoco") is not None:
         pytest.skip("MuJoCo is installed here")
