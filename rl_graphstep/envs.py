@@ -8,20 +8,21 @@ first observation of the next one, and the true final observation is in `infos["
 from __future__ import annotations
 
 import contextlib
-import difflib
-import importlib
+import functools
 import random
 import signal
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium import error as gym_error
 from gymnasium.vector import AsyncVectorEnv, AutoresetMode, SyncVectorEnv, VectorEnv
 
-from rl_graphstep.errors import STOP_SIGNALS, ConfigError, EnvError, first_line, user_location
+from rl_graphstep.envcheck import raised_line
+from rl_graphstep.envmake import env_errors, import_env_module, make_env
+from rl_graphstep.errors import STOP_SIGNALS, ConfigError, EnvError
 from rl_graphstep.sharedenvs import SharedMemoryVectorEnv
 
 __all__ = [
@@ -29,7 +30,10 @@ __all__ = [
     "EpisodeStatistics",
     "OneEnvVector",
     "check_continuous_spaces",
+    "check_trained_observations",
     "first_reset",
+    "import_env_module",
+    "make_env",
     "make_vec_env",
     "scale_action",
     "seed_everything",
@@ -38,64 +42,74 @@ __all__ = [
 
 
 def make_vec_env(
-    env_id: str, *, num_envs: int = 1, seed: int, kind: str = "sync", workers: int | None = None
+    env_id: str, *, num_envs: int = 1, seed: int, kind: str = "sync", workers: int | None = None,
+    algo: str | None = None,
 ) -> VectorEnv:
     """Build `num_envs` copies of `env_id` as one vector env: `kind` "sync" in this process,
     "async" in gymnasium's subprocesses (one per env, through pipes), "shared" in worker
     processes that poll shared memory (`rl_graphstep.sharedenvs`; `workers` of them, by
-    default one per CPU but one).
+    default one per CPU but one). Every copy is made by `make_env`, which checks what it
+    returns against its spaces.
 
     Autoreset is SAME_STEP (see the module docstring); `EpisodeStatistics` keeps the returns.
     The action space is seeded with `seed`; the env itself is not reset: the caller seeds it
     with its first `envs.reset(seed=seed)` (gymnasium gives copy i the seed `seed + i`).
 
-    Raises `EnvError` for an unknown id (with close matches) or a missing MuJoCo install.
+    With `algo`, the spaces are checked to suit it (`check_continuous_spaces`) before the
+    shared env lays out its memory, and the envs closed when they do not.
+
+    Raises `EnvError` for an unknown id (with close matches), a missing MuJoCo install, a
+    module or constructor that fails (see `make_env`), spaces `algo` cannot act in.
     """
     if num_envs < 1:
         raise ConfigError(f"num_envs must be at least 1, got {num_envs}")
-    import_env_module(env_id)
-    try:
-        if kind not in ("sync", "async", "shared"):
-            raise ConfigError(f"vector env kind must be sync, async or shared, got {kind!r}")
+    if kind not in ("sync", "async", "shared"):
+        raise ConfigError(f"vector env kind must be sync, async or shared, got {kind!r}")
+    make_one = functools.partial(make_env, env_id)
+    check = None if algo is None else functools.partial(check_continuous_spaces, env_id,
+                                                        algo=algo)
+    with env_errors(env_id):
         if num_envs == 1 and kind == "sync":
-            envs = OneEnvVector([lambda: gym.make(env_id)],
-                                autoreset_mode=AutoresetMode.SAME_STEP)
+            envs = OneEnvVector([make_one], autoreset_mode=AutoresetMode.SAME_STEP)
         elif kind == "shared":
-            envs = SharedMemoryVectorEnv(env_id, num_envs, workers=workers)
+            envs = SharedMemoryVectorEnv(env_id, num_envs, workers=workers, check=check)
+        elif kind == "sync":
+            envs = SyncVectorEnv([make_one] * num_envs, autoreset_mode=AutoresetMode.SAME_STEP)
         else:
+            _quiet_worker_errors()
             with _children_ignore_stops():
-                envs = gym.make_vec(
-                    env_id,
-                    num_envs=num_envs,
-                    vectorization_mode=kind,
-                    vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
-                )
-    except gym_error.DependencyNotInstalled as exc:
-        raise EnvError(_missing_dependency_message(env_id, exc)) from exc
-    except gym_error.Error as exc:
-        # NameNotFound, VersionNotFound and NamespaceNotFound subclass UnregisteredEnv; a
-        # malformed id is a bare gym Error. Any of them on an unregistered id means the id is
-        # the problem; other gym errors on a registered id are not ours to reword.
-        if isinstance(exc, gym_error.UnregisteredEnv) or env_id not in gym.envs.registry:
-            raise EnvError(_unknown_env_message(env_id)) from exc
-        raise
-    except Exception as exc:
-        # A registered env whose own code fails (a custom env's constructor): name it and
-        # the user's line rather than show gymnasium's frames.
-        raise EnvError(_failed_env_message(env_id, exc)) from exc
+                envs = AsyncVectorEnv([make_one] * num_envs,
+                                      autoreset_mode=AutoresetMode.SAME_STEP)
+    if check is not None:
+        try:
+            check(envs.single_observation_space, envs.single_action_space)
+        except EnvError:
+            envs.close()  # an async env's workers would otherwise outlive the error
+            raise
     envs.action_space.seed(seed)
     envs.single_action_space.seed(seed)
     return envs
 
 
+def _quiet_worker_errors() -> None:
+    """Hide the lines gymnasium's AsyncVectorEnv logs (as warnings) when a worker's env
+    raised, its traceback among them: the error it raises next is the one line the run
+    shows, with the user's line (``rl_graphstep.envcheck``)."""
+    warnings.filterwarnings(
+        "ignore", category=UserWarning, module=r"gymnasium\.vector\.async_vector_env",
+        message=r".*ERROR: (Received the following error|Traceback|Raising the last exception)")
+
+
 def first_reset(envs: VectorEnv, seed: int | list[int]) -> np.ndarray:
     """The first observations, from ``envs.reset(seed=seed)`` (a list: one seed per env); a
-    custom env whose reset fails is one line naming the error and the user's line."""
+    custom env whose reset fails, or returns what its spaces cannot hold, is one line
+    naming the error and the user's line."""
     try:
         observations, _ = envs.reset(seed=seed)
+    except EnvError:
+        raise
     except Exception as exc:
-        raise EnvError(f"the environment's reset raised {type(exc).__name__}: "
-                       f"{first_line(exc)}" + _at_user_line(exc)) from exc
+        raise EnvError(raised_line("reset", exc)) from exc
     return observations
 
 
@@ -143,58 +157,6 @@ def _children_ignore_stops() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def import_env_module(env_id: str) -> None:
-    """Import the module of a ``module:EnvId`` id (gymnasium would, unchecked), so that one
-    that is missing or fails to import is one line naming it and the import's error."""
-    if ":" not in env_id:
-        return
-    module, _, name = env_id.partition(":")
-    if not module or not name or ":" in name:
-        raise EnvError(f"environment id {env_id!r} must be EnvId or module:EnvId "
-                       "(one ':' between a module and a registered id)")
-    try:
-        importlib.import_module(module)
-    except Exception as exc:  # any error of the user's module, SyntaxError included
-        raise EnvError(f"cannot import module {module!r} of environment {env_id!r}: "
-                       f"{type(exc).__name__}: {first_line(exc)}" + _at_user_line(exc)
-                       ) from exc
-
-
-def _at_user_line(exc: BaseException) -> str:
-    where = user_location(exc)
-    return f" (at {where})" if where else ""
-
-
-def _failed_env_message(env_id: str, exc: Exception) -> str:
-    return (f"environment {env_id!r} could not be made: {type(exc).__name__}: "
-            f"{first_line(exc)}" + _at_user_line(exc))
-
-
-def _unknown_env_message(env_id: str) -> str:
-    """The one-line error for an id gymnasium does not know, with the closest registered ids."""
-    known = list(gym.envs.registry.keys())
-    # Compare case-insensitively so 'pendulum-v1' still finds 'Pendulum-v1'.
-    by_lower = {name.lower(): name for name in known}
-    # Only the best match: one name is a clear suggestion, a list reads as a puzzle.
-    matches = difflib.get_close_matches(env_id.lower(), list(by_lower), n=1, cutoff=0.6)
-    if matches:
-        hint = f"did you mean {by_lower[matches[0]]}?"
-    else:
-        hint = "no registered environment has a similar name"
-    return f"unknown environment {env_id!r}; {hint} (see gymnasium.envs.registry for the list)"
-
-
-def _missing_dependency_message(env_id: str, exc: Exception) -> str:
-    entry_point = str(getattr(gym.envs.registry.get(env_id), "entry_point", ""))
-    if "mujoco" in entry_point.lower() or "mujoco" in str(exc).lower():
-        return (
-            f"environment {env_id!r} needs MuJoCo, which is not installed; "
-            'run pip install "rl_graphstep[mujoco]"'
-        )
-    reason = " ".join(str(exc).split())
-    return f"environment {env_id!r} needs a package that is not installed: {reason}"
-
-
 def check_continuous_spaces(
     env_id: str,
     observation_space: gym.Space,
@@ -204,23 +166,56 @@ def check_continuous_spaces(
     """Raise `EnvError` unless the spaces suit a continuous-action agent.
 
     Pass the single-env spaces (`envs.single_observation_space`, `envs.single_action_space`).
-    The action space must be a 1-D `Box` with finite bounds (the policy's [-1, 1] output is
-    scaled onto them); the observation space must be a 1-D `Box` (the networks are MLPs).
+    The action space must be a 1-D float `Box` of at least one entry with finite bounds a
+    finite width apart (the policy's [-1, 1] output is scaled onto them); the observation
+    space must be a 1-D `Box` of at least one entry (the networks are MLPs).
     """
     name = algo.upper()
     if not isinstance(action_space, gym.spaces.Box):
         raise EnvError(f"{name} needs a continuous action space; {env_id} has {action_space}")
     if len(action_space.shape) != 1:
         raise EnvError(f"{name} needs a flat (1-D) Box action space; {env_id} has {action_space}")
-    if not (np.all(np.isfinite(action_space.low)) and np.all(np.isfinite(action_space.high))):
+    if action_space.shape[0] == 0:
+        raise EnvError(f"{name} needs an action space of at least one entry; {env_id} has "
+                       f"{action_space}")
+    if not np.issubdtype(action_space.dtype, np.floating):
+        # The policy's actions are real numbers: an int env would get floats outside its space.
+        raise EnvError(f"{name} needs a float Box action space (SAC, TD3 and DDPG choose "
+                       f"real-valued actions); {env_id} has {action_space}: declare a float32 "
+                       "Box and round the actions in the environment")
+    low, high = action_space.low, action_space.high
+    with np.errstate(over="ignore"):
+        width = high - low  # as scale_action computes it, in the space's dtype
+    if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
         raise EnvError(
             f"{name} needs an action space with finite bounds; {env_id} has {action_space}"
         )
+    if not np.all(np.isfinite(width)):
+        raise EnvError(f"{name} needs action bounds whose width (high - low) is a finite "
+                       f"{action_space.dtype}; {env_id} has {action_space}")
     if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
         raise EnvError(
             f"{name} needs a flat Box observation space; {env_id} has {observation_space} "
             "(wrap it in gymnasium.wrappers.FlattenObservation)"
         )
+    if observation_space.shape[0] == 0:
+        raise EnvError(f"{name} needs an observation space of at least one entry; {env_id} "
+                       f"has {observation_space}")
+
+
+def check_trained_observations(env_id: str, observation_space: gym.Space, state: dict,
+                               run: str, use: str) -> None:
+    """Raise `EnvError` when a checkpoint's observations (``state["observations"]``, one row
+    per env) are not of ``observation_space``'s size: the env changed since the run was
+    trained (a user's own env, edited), and its networks would not fit it. ``run`` names the
+    run, ``use`` what the user was doing ("resume", "evaluate")."""
+    saved = state.get("observations")
+    if not isinstance(saved, np.ndarray) or saved.ndim != 2:
+        return
+    if saved.shape[1] != observation_space.shape[0]:
+        raise EnvError(f"{run} was trained on observations of {saved.shape[1]} entries, but "
+                       f"{env_id}'s observation space is now {observation_space}; {use} with "
+                       "the environment it was trained on")
 
 
 def true_next_observations(next_obs: np.ndarray, infos: dict) -> np.ndarray:
@@ -296,16 +291,17 @@ class EnvStepper:
             self._actions = actions
 
     def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict]:
-        if self._async is not None:
-            return self._async.step_wait()
-        if self._actions is None:
+        if self._async is None and self._actions is None:
             raise RuntimeError("finish() without start(): hand the actions over first")
-        actions, self._actions = self._actions, None
         try:
+            if self._async is not None:
+                return self._async.step_wait()
+            actions, self._actions = self._actions, None
             return self.envs.step(actions)
+        except EnvError:  # from SpaceCheck, in this process or a worker: already one line
+            raise
         except Exception as exc:  # the env's own code (a custom env's step) failed
-            raise EnvError(f"the environment's step raised {type(exc).__name__}: "
-                           f"{first_line(exc)}" + _at_user_line(exc)) from exc
+            raise EnvError(raised_line("step", exc)) from exc
 
 
 def seed_everything(seed: int) -> None:

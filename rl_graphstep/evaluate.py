@@ -42,7 +42,13 @@ from rl_graphstep.cli import (
 )
 from rl_graphstep.config import SEED_MAX, Config, config_from_dict, saved_config_values
 from rl_graphstep.console import say, seeds_text
-from rl_graphstep.envs import check_continuous_spaces, make_vec_env, scale_action, seed_everything
+from rl_graphstep.envmake import declared_render_modes, make_env
+from rl_graphstep.envs import (
+    check_continuous_spaces,
+    check_trained_observations,
+    scale_action,
+    seed_everything,
+)
 from rl_graphstep.errors import (
     CheckpointError,
     ConfigError,
@@ -159,6 +165,7 @@ def evaluate(run_dir: Path | str, episodes: int = 10, seed: int = 0, device: str
     # Config checks the device choice, so a bad --device reads like train's.
     torch_device = resolve_device(dataclasses.replace(cfg, device=device))
     if video:
+        _check_rendering(cfg.env_id)  # the env's own limit first: moviepy cannot lift it
         _check_video_dependency()
     run = _Run(cfg, state, checkpoint, folder, torch_device, actor, critic)
     evaluated = [run.evaluate_seed(k, episodes, seed, video) for k in members]
@@ -276,6 +283,9 @@ class _Run:
         try:
             check_continuous_spaces(cfg.env_id, env.observation_space, env.action_space,
                                     cfg.algo)
+            check_trained_observations(cfg.env_id, env.observation_space, self.state,
+                                       f"checkpoint {display_path(str(self.checkpoint))}",
+                                       "evaluate")
             policy = _load_actor(algorithm, cfg, self.state, env, self.device, self.checkpoint,
                                  self.actor, self.critic, member=k)
             if video:
@@ -304,20 +314,37 @@ def _stochastic_note(actor: nn.Module, algorithm: type[OffPolicyAlgorithm]) -> s
 
 
 def _make_env(env_id: str, seed: int, *, render: bool) -> gym.Env:
-    """A single env (plain episodes need no vector env's autoreset)."""
-    try:
-        env = gym.make(env_id, render_mode="rgb_array" if render else None)
-    except gym_error.Error:
-        # make_vec_env owns the clear messages for an unknown id or a missing MuJoCo; if it
-        # somehow succeeds where gym.make failed, the original error stands.
-        make_vec_env(env_id, num_envs=1, seed=seed).close()
-        raise
+    """A single env (plain episodes need no vector env's autoreset), made as a run makes
+    each of its envs (``make_env``); asked to render only for ``--video``, so an env whose
+    constructor takes no ``render_mode`` evaluates without it."""
+    if not render:
+        env = make_env(env_id)
+    else:
+        try:
+            env = make_env(env_id, render_mode="rgb_array")
+        except EnvError as error:
+            cause = error.__cause__
+            if isinstance(cause, TypeError) and "render_mode" in str(cause):
+                raise EnvError(_no_rgb_array(env_id)) from None
+            raise
+        if "rgb_array" not in env.metadata.get("render_modes", []):
+            env.close()
+            raise EnvError(_no_rgb_array(env_id))
     env.action_space.seed(seed)
-    if render and "rgb_array" not in env.metadata.get("render_modes", []):
-        env.close()
-        raise EnvError(f"{env_id} has no rgb_array rendering, so --video cannot record it; "
-                       "evaluate without --video")
     return env
+
+
+def _check_rendering(env_id: str) -> None:
+    """Before anything else of ``--video``: an env whose class declares its render modes
+    records only with ``rgb_array`` among them."""
+    modes = declared_render_modes(env_id)
+    if modes is not None and "rgb_array" not in modes:
+        raise EnvError(_no_rgb_array(env_id))
+
+
+def _no_rgb_array(env_id: str) -> str:
+    return (f"{env_id} has no rgb_array rendering, so --video cannot record it; "
+            "evaluate without --video")
 
 
 def _load_actor(algorithm: type[OffPolicyAlgorithm], cfg: Config, state: dict, env: gym.Env,

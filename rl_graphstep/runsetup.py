@@ -21,7 +21,7 @@ from rl_graphstep.compiling import updates_ahead
 from rl_graphstep.config import Config
 from rl_graphstep.console import LoopClock
 from rl_graphstep.envs import (
-    check_continuous_spaces,
+    check_trained_observations,
     first_reset,
     make_vec_env,
     seed_everything,
@@ -100,9 +100,15 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     seeds = cfg.seed_list  # a group of K seeds steps K x num_envs envs
     seed_everything(seeds[0])
     envs = make_vec_env(cfg.env_id, num_envs=len(seeds) * cfg.num_envs, seed=seeds[0],
-                        kind=plan.vec_env, workers=plan.env_workers)
+                        kind=plan.vec_env, workers=plan.env_workers, algo=cfg.algo)
+    # Closed however the run ends, a set-up that fails below included: an async env's
+    # workers would outlive it, each printing a traceback. (The loop closes them first;
+    # closing again does nothing. A resume may replace envs: the lambda closes the last.)
+    owned.callback(lambda: envs.close())
     observation_space, action_space = envs.single_observation_space, envs.single_action_space
-    check_continuous_spaces(cfg.env_id, observation_space, action_space, cfg.algo)
+    if resumed is not None:  # before its networks meet ones built for another env
+        check_trained_observations(cfg.env_id, observation_space, resumed, str(run_dir),
+                                   "resume")
     observation_size, action_size = observation_space.shape[0], action_space.shape[0]
 
     algorithm_class = ALGORITHMS[cfg.algo]

@@ -23,6 +23,7 @@ import os
 import platform
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
@@ -30,7 +31,9 @@ import numpy as np
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from rl_graphstep.errors import STOP_SIGNALS, ConfigError, EnvError, first_line, user_location
+from rl_graphstep.envcheck import raised_line
+from rl_graphstep.envmake import make_env
+from rl_graphstep.errors import STOP_SIGNALS, ConfigError, EnvError
 
 __all__ = ["SharedMemoryVectorEnv", "ordered_stores"]
 
@@ -79,7 +82,7 @@ def _work(worker: int, env_id: str, envs: range, spaces: tuple[gym.Space, gym.Sp
     num_envs = len(raw["rewards"]) // np.dtype(np.float64).itemsize
     shared = _Shared(num_envs, *spaces, workers, raw)
     try:
-        copies = [gym.make(env_id) for _ in envs]
+        copies = [make_env(env_id) for _ in envs]
     except Exception as exc:  # the main process made one, so this is rare: say why, and stop
         pipe.send(_failure("make", exc))
         return
@@ -112,10 +115,9 @@ def _work(worker: int, env_id: str, envs: range, spaces: tuple[gym.Space, gym.Sp
 
 
 def _failure(what: str, exc: Exception) -> str:
-    """The line the training loop shows for an env that raised in ``what``."""
-    where = user_location(exc)
-    return (f"the environment's {what} raised {type(exc).__name__}: {first_line(exc)}"
-            + (f" (at {where})" if where else ""))
+    """The line the training loop shows for an env that raised in ``what`` (a ``SpaceCheck``
+    error, or make_env's, is one already)."""
+    return str(exc) if isinstance(exc, EnvError) else raised_line(what, exc)
 
 
 def _reset(shared: _Shared, copies: list[gym.Env], envs: range, seeds: list[int | None]) -> None:
@@ -159,19 +161,23 @@ class SharedMemoryVectorEnv(VectorEnv):
     Steps in two halves as ``AsyncVectorEnv`` does (``step_async`` hands the actions over,
     ``step_wait`` returns the results), so the caller can launch GPU work in between; ``step``
     is both. SAME_STEP autoreset: an ended episode's last observation is in
-    ``infos["final_obs"]`` (mask ``infos["_final_obs"]``).
+    ``infos["final_obs"]`` (mask ``infos["_final_obs"]``). ``check(observation_space,
+    action_space)``, where given, vets the spaces before the shared memory is laid out for them.
     """
 
     def __init__(self, env_id: str, num_envs: int, *, workers: int | None = None,
-                 context: str | None = None) -> None:
+                 context: str | None = None,
+                 check: Callable[[gym.Space, gym.Space], None] | None = None) -> None:
         if not ordered_stores():
             raise ConfigError(f"--vec-env shared needs an x86-64 host (its lock-free polling "
                               f"relies on x86's ordered stores), this one is "
                               f"{platform.machine()}: use --vec-env async or sync")
-        probe = gym.make(env_id)
+        probe = make_env(env_id)
         self.single_observation_space = probe.observation_space
         self.single_action_space = probe.action_space
         probe.close()
+        if check is not None:  # before the shared memory is laid out for the spaces
+            check(self.single_observation_space, self.single_action_space)
         self.num_envs = num_envs
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)

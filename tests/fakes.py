@@ -166,3 +166,86 @@ def flat_state(learner: OffPolicyLearner) -> dict[str, torch.Tensor]:
 
     walk("", learner.state_dict())
     return flat
+
+
+class SpaceBreaker(gym.Env):
+    """A 3-entry observation, 1-entry action env whose reset or step breaks its own spaces as
+    ``fault`` says (see ``SPACE_FAULTS``); from step ``after`` on, for a fault that comes late.
+    Episodes end (terminated) every 20 steps. Its action spaces vary with ``action_space``."""
+
+    def __init__(self, fault: str = "none", after: int = 0,
+                 action_space: gym.spaces.Space | None = None) -> None:
+        self.fault, self.after, self.steps, self.t = fault, after, 0, 0
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+        self.action_space = action_space or gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.actions: list[np.ndarray] = []
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> Any:
+        super().reset(seed=seed)
+        self.t = 0
+        observation = np.zeros(3, np.float32)
+        if self.fault == "reset_shape":
+            observation = np.zeros(5, np.float32)
+        if self.fault == "reset_not_tuple":
+            return observation
+        return observation, {}
+
+    def step(self, action: np.ndarray) -> Any:
+        self.actions.append(np.array(action, copy=True))
+        self.steps += 1
+        self.t += 1
+        fault = self.fault if self.steps > self.after else "none"
+        observation: Any = np.full(3, 0.1, np.float32)
+        reward: Any = -float(np.square(action).sum())
+        terminated: Any = self.t >= 20
+        info: Any = {}
+        if fault == "step_raises":
+            raise ValueError("the simulator blew up")
+        if fault == "step_shape":
+            observation = np.zeros(5, np.float32)
+        elif fault == "step_none":
+            observation = None
+        elif fault == "reward_vector":
+            reward = np.array([reward, 0.0])
+        elif fault == "terminated_none":
+            terminated = None
+        elif fault == "info_list":
+            info = []
+        elif fault == "step_4":
+            return observation, reward, terminated, info
+        return observation, reward, terminated, False, info
+
+    def close(self) -> None:
+        if self.fault == "close_raises":
+            raise RuntimeError("close boom")
+
+
+SPACE_FAULTS = {
+    "reset_shape": "reset returned an observation of shape (5,) and dtype float32, but its "
+                   "observation space is Box(-1.0, 1.0, (3,), float32)",
+    "reset_not_tuple": "reset returned an array of shape (3,) and dtype float32, but "
+                       "gymnasium's reset returns 2: (observation, info)",
+    "step_shape": "step returned an observation of shape (5,) and dtype float32, but its "
+                  "observation space is Box(-1.0, 1.0, (3,), float32)",
+    "step_none": "step returned an observation None, but its observation space is "
+                 "Box(-1.0, 1.0, (3,), float32)",
+    "reward_vector": "step returned a reward of shape (2,) and dtype float64, but a reward "
+                     "must be one number",
+    "terminated_none": "step returned terminated None, but terminated must be a bool",
+    "info_list": "step returned info [] (type list), but info must be a dict",
+    "step_4": "step returned 4 values, but gymnasium's step returns 5: (observation, reward, "
+              "terminated, truncated, info)",
+}
+"""What each fault's env returns, as the one line after ``environment 'ID': `` says it."""
+
+for _fault in ("none", "step_raises", "close_raises", *SPACE_FAULTS):
+    # Registered on import, so that fakes:Breaks_<fault>-v0 makes them in a training
+    # subprocess too. BreaksLate comes after 150 good steps, which took the check's fast path.
+    gym.register(f"Breaks_{_fault}-v0", entry_point=SpaceBreaker, kwargs={"fault": _fault},
+                 max_episode_steps=100)
+gym.register("BreaksLate_step_shape-v0", entry_point=SpaceBreaker,
+             kwargs={"fault": "step_shape", "after": 150}, max_episode_steps=100)
+gym.register("IntActions-v0", entry_point=SpaceBreaker,
+             kwargs={"action_space": gym.spaces.Box(-5, 5, (2,), np.int64)})
+gym.register("NoActions-v0", entry_point=SpaceBreaker,
+             kwargs={"action_space": gym.spaces.Box(-1.0, 1.0, (0,), np.float32)})

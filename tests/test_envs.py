@@ -7,12 +7,15 @@ import os
 import random
 import signal
 import time
+from pathlib import Path
 
+import fakes  # noqa: F401 (registers IntActions-v0 and NoActions-v0)
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
+from rl_graphstep import train
 from rl_graphstep.envs import (
     EnvStepper,
     EpisodeStatistics,
@@ -24,6 +27,7 @@ from rl_graphstep.envs import (
     true_next_observations,
 )
 from rl_graphstep.errors import ConfigError, EnvError
+from rl_graphstep.evaluate import evaluate
 
 
 def test_pendulum_vec_env_spaces() -> None:
@@ -112,6 +116,21 @@ def test_unknown_env_without_close_match() -> None:
         make_vec_env("Zzzqqq-v0", seed=0)
 
 
+@pytest.mark.parametrize(("env_id", "hint"), [
+    ("fakes:breaks_nne-v0", "did you mean fakes:Breaks_none-v0?"),
+    ("fakes:Zzzqqq-v0", "no environment of a similar name is registered, with 'fakes' "
+                        "imported"),
+    ("Zzzqqq-v0", "no registered environment has a similar name; an environment your own "
+                  "module registers is given as module:EnvId"),
+])
+def test_unknown_env_of_a_module_suggests_the_module_form(env_id: str, hint: str) -> None:
+    """The suggestion is what to pass: with the module, whose import registers the id."""
+    with pytest.raises(EnvError) as info:
+        make_vec_env(env_id, seed=0)
+    assert str(info.value) == (f"unknown environment '{env_id}'; {hint} (see "
+                               "gymnasium.envs.registry for the list)")
+
+
 def test_missing_mujoco_names_the_extra() -> None:
     if importlib.util.find_spec("mujoco") is not None:
         pytest.skip("MuJoCo is installed here")
@@ -150,6 +169,103 @@ def test_image_observation_and_unbounded_action_are_rejected() -> None:
     unbounded = gym.spaces.Box(-np.inf, np.inf, (2,))
     with pytest.raises(EnvError, match="finite bounds"):
         check_continuous_spaces("Free-v0", flat, unbounded)
+
+
+def test_an_int_action_space_is_refused_naming_the_env_and_the_space() -> None:
+    """The policy's actions are floats: an int env would get values outside its space."""
+    flat = gym.spaces.Box(-1, 1, (4,))
+    with pytest.raises(EnvError) as info:
+        check_continuous_spaces("Grid-v0", flat, gym.spaces.Box(-5, 5, (2,), np.int64),
+                                algo="td3")
+    assert str(info.value) == (
+        "TD3 needs a float Box action space (SAC, TD3 and DDPG choose real-valued actions); "
+        "Grid-v0 has Box(-5, 5, (2,), int64): declare a float32 Box and round the actions in "
+        "the environment")
+    check_continuous_spaces("Half-v0", flat, gym.spaces.Box(-1, 1, (2,), np.float16))
+
+
+@pytest.mark.parametrize(("observation_space", "action_space", "message"), [
+    (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Box(-1, 1, (0,)),
+     "SAC needs an action space of at least one entry; Odd-v0 has Box([], [], (0,), float32)"),
+    (gym.spaces.Box(-1, 1, (0,)), gym.spaces.Box(-1, 1, (2,)),
+     "SAC needs an observation space of at least one entry; Odd-v0 has Box([], [], (0,), "
+     "float32)"),
+    # Finite bounds whose width overflows float32: scaled actions would be inf or nan.
+    (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Box(-3e38, 3e38, (1,)),
+     "SAC needs action bounds whose width (high - low) is a finite float32; Odd-v0 has "
+     "Box(-3e+38, 3e+38, (1,), float32)"),
+], ids=["no actions", "no observations", "too wide"])
+def test_spaces_the_agent_cannot_act_in_are_refused(observation_space: gym.Space,
+                                                    action_space: gym.Space,
+                                                    message: str) -> None:
+    with pytest.raises(EnvError) as info:
+        check_continuous_spaces("Odd-v0", observation_space, action_space)
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize(("env_id", "message"), [
+    ("IntActions-v0", "SAC needs a float Box action space (SAC, TD3 and DDPG choose "
+                      "real-valued actions); IntActions-v0 has Box(-5, 5, (2,), int64)"),
+    ("NoActions-v0", "SAC needs an action space of at least one entry; NoActions-v0 has "
+                     "Box([], [], (0,), float32)"),
+])
+@pytest.mark.parametrize("vec_env", ["sync", "async", "shared"])
+def test_a_run_in_spaces_it_cannot_act_in_is_one_line_before_any_step(
+        env_id: str, message: str, vec_env: str, tmp_path: Path,
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """Before the shared env lays out its memory, and with no async worker left behind to
+    print its traceback."""
+    code = train.main(["--env", env_id, "--vec-env", vec_env, "--num-envs", "2", "--device",
+                       "cpu", "--total-timesteps", "300", "--learning-starts", "100",
+                       "--no-progress", "--log-dir", str(tmp_path / "runs")])
+    err = capfd.readouterr().err
+    assert code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1, err
+    assert not (tmp_path / "runs").exists()
+
+
+class Sized(gym.Env):
+    """Observations of ``size`` zeros; episodes of 50 steps."""
+
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self, size: int = 3) -> None:
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (size,), np.float32)
+        self.t = 0
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        self.t = 0
+        return np.zeros(self.observation_space.shape, np.float32), {}
+
+    def step(self, action: np.ndarray) -> tuple:
+        self.t += 1
+        return (np.zeros(self.observation_space.shape, np.float32), 0.0, False, self.t >= 50,
+                {})
+
+
+@pytest.mark.filterwarnings("ignore:.*Overriding environment Edited-v0")
+def test_resume_and_evaluate_of_an_env_edited_since_say_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Said before the networks meet ones built for another env (whose mismatch advised
+    resuming with other networks)."""
+    gym.register("Edited-v0", entry_point=Sized, kwargs={"size": 3})
+    run = tmp_path / "run"
+    assert train.main(["--env", "Edited-v0", "--device", "cpu", "--total-timesteps", "300",
+                       "--learning-starts", "100", "--batch-size", "32", "--hidden-sizes",
+                       "16", "--no-progress", "--log-dir", str(tmp_path), "--run-name",
+                       "run"]) == 0
+    gym.register("Edited-v0", entry_point=Sized, kwargs={"size": 4})
+    capsys.readouterr()
+    assert train.main(["--resume", str(run), "--total-timesteps", "400"]) == 2
+    space = "Box(-1.0, 1.0, (4,), float32)"
+    assert capsys.readouterr().err == (
+        f"error: {run} was trained on observations of 3 entries, but Edited-v0's observation "
+        f"space is now {space}; resume with the environment it was trained on\n")
+    checkpoint = run / "checkpoints" / "step_000000000300.pt"
+    with pytest.raises(EnvError) as info:
+        evaluate(run, episodes=1, device="cpu", verbose=False)
+    assert str(info.value) == (
+        f"checkpoint {checkpoint} was trained on observations of 3 entries, but Edited-v0's "
+        f"observation space is now {space}; evaluate with the environment it was trained on")
 
 
 def test_truncation_final_observation_and_episode_statistics() -> None:

@@ -4,21 +4,30 @@ for a missing run or a missing video dependency."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from fakes import SpaceBreaker
 
+from rl_graphstep import evaluate as evaluate_module
+from rl_graphstep import train
 from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.checkpoint import FORMAT, save_checkpoint
 from rl_graphstep.config import config_to_dict
+from rl_graphstep.envmake import make_env
+from rl_graphstep.errors import EnvError
 from rl_graphstep.evaluate import EvaluationResult, evaluate, main
 from rl_graphstep.flags import load_config
 from rl_graphstep.netspec import make_networks
 
+ROOT = Path(__file__).resolve().parent.parent
 STEP = 15000
 
 
@@ -167,3 +176,119 @@ def test_video_records_one_file_per_episode(run_dir: Path, monkeypatch: pytest.M
     videos = sorted((run_dir / "videos").glob("*.mp4"))
     assert [v.name.rsplit("-", 1)[-1] for v in videos] == ["0.mp4", "1.mp4"]
     assert all(v.stat().st_size > 1000 for v in videos)
+
+
+# A user's own env, registered by its module, whose constructor takes no render_mode (as
+# gymnasium's examples write one); trained with `--env plain_envs:Plain-v0` from its folder.
+PLAIN_ENVS = """\
+import gymnasium as gym
+import numpy as np
+
+
+class Plain(gym.Env):
+    observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def __init__(self):
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(3, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return (np.full(3, 0.1, np.float32), -float(np.square(action).sum()), False,
+                self.t >= 50, {})
+
+
+gym.register("Plain-v0", entry_point="plain_envs:Plain")
+"""
+PLAIN = "plain_envs:Plain-v0"
+NOT_IMPORTED = (f"error: cannot import module 'plain_envs' of environment '{PLAIN}': "
+                "ModuleNotFoundError: No module named 'plain_envs'; run from the folder that "
+                "holds it, or add that folder to PYTHONPATH\n")
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of plain_envs.py, holding runs/plain: 300 steps of SAC on Plain-v0."""
+    folder = tmp_path_factory.mktemp("user")
+    (folder / "plain_envs.py").write_text(PLAIN_ENVS)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        patch.syspath_prepend(str(folder))
+        assert train.main(["--env", PLAIN, "--device", "cpu", "--total-timesteps", "300",
+                           "--learning-starts", "100", "--batch-size", "32", "--buffer-size",
+                           "1000", "--hidden-sizes", "16", "16", "--no-progress", "--log-dir",
+                           "runs", "--run-name", "plain"]) == 0
+    return folder
+
+
+def test_an_env_without_render_mode_evaluates(plain_run: Path, monkeypatch: pytest.MonkeyPatch,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """render_mode is passed only to render (it was always passed, None or not: a
+    TypeError traceback)."""
+    monkeypatch.chdir(plain_run)
+    capsys.readouterr()
+    assert main(["runs/plain", "--episodes", "2", "--device", "cpu"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert re.fullmatch(rf"{PLAIN}, sac, step 300: mean return -\d+\.\d ± \d+\.\d over 2 "
+                        r"episodes\n", out)
+
+
+def test_video_of_an_env_without_rendering_is_one_line(plain_run: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    """Said before the missing moviepy (if it is): installing it would not help."""
+    monkeypatch.chdir(plain_run)
+    capsys.readouterr()
+    assert main(["runs/plain", "--video", "--device", "cpu"]) == 2
+    assert capsys.readouterr() == ("", f"error: {PLAIN} has no rgb_array rendering, so --video "
+                                       "cannot record it; evaluate without --video\n")
+    assert not (plain_run / "runs" / "plain" / "videos").exists()
+
+
+def test_an_entry_point_that_takes_no_render_mode_cannot_record() -> None:
+    """A function entry point declares no render modes: asking it to render is what tells."""
+    gym.register("NoKwargs-v0", entry_point=lambda: SpaceBreaker())
+    with pytest.raises(EnvError) as info:
+        evaluate_module._make_env("NoKwargs-v0", 0, render=True)
+    assert str(info.value) == ("NoKwargs-v0 has no rgb_array rendering, so --video cannot "
+                               "record it; evaluate without --video")
+    evaluate_module._make_env("NoKwargs-v0", 0, render=False).close()
+
+
+def test_evaluate_and_resume_from_another_folder_say_the_same_line(plain_run: Path,
+                                                                   tmp_path: Path) -> None:
+    """One env-making path for both: evaluate's was a ModuleNotFoundError traceback. The
+    processes as a user runs them, from a folder that does not hold plain_envs.py."""
+    run = plain_run / "runs" / "plain"
+    before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for command in (["rl_graphstep.evaluate", str(run), "--device", "cpu"],
+                    ["rl_graphstep.train", "--resume", str(run), "--total-timesteps", "400"]):
+        process = subprocess.Popen([sys.executable, "-m", *command], cwd=tmp_path, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _, err = process.communicate(timeout=120)
+        finally:
+            process.kill()
+            process.wait()
+        assert (process.returncode, err) == (2, NOT_IMPORTED), command
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == before
+
+
+@pytest.mark.filterwarnings("ignore:.*Overriding environment Plain-v0")  # imported again
+def test_a_module_env_imports_from_the_current_folder_without_python_m(
+        plain_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rl-graphstep-train command does not put the current folder on sys.path, as
+    ``python -m`` does; the env's module is found there all the same, as networks are."""
+    monkeypatch.chdir(plain_run)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(plain_run))])
+    monkeypatch.delitem(sys.modules, "plain_envs", raising=False)
+    make_env(PLAIN).close()
+    assert str(plain_run) in sys.path

@@ -1,0 +1,161 @@
+"""An env that breaks the spaces it declares is one line naming it, the method and what came
+back, wherever it steps: in the process (one env or several), in async or shared workers."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from fakes import SPACE_FAULTS
+
+from rl_graphstep import train
+from rl_graphstep.envmake import make_env
+from rl_graphstep.errors import EnvError
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = ["--device", "cpu", "--total-timesteps", "300", "--learning-starts", "100",
+         "--batch-size", "32", "--buffer-size", "1000", "--hidden-sizes", "16", "16",
+         "--no-progress"]
+
+
+def run_until_refused(env_id: str) -> str:
+    """Reset and step ``env_id`` (made as runs make it) until it raises; its message."""
+    env = make_env(env_id)
+    try:
+        with pytest.raises(EnvError) as info:
+            env.reset(seed=0)
+            for _ in range(10):
+                env.step(np.zeros(1, np.float32))
+        return str(info.value)
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("fault", list(SPACE_FAULTS))
+def test_each_broken_output_is_one_line(fault: str) -> None:
+    env_id = f"Breaks_{fault}-v0"
+    assert run_until_refused(env_id) == f"environment '{env_id}': {SPACE_FAULTS[fault]}"
+
+
+def test_what_fits_the_space_passes_and_is_returned_as_is() -> None:
+    env = make_env("Breaks_none-v0")
+    try:
+        observation, info = env.reset(seed=0)
+        assert observation.shape == (3,) and info == {}
+        for t in range(1, 21):
+            observation, reward, terminated, truncated, info = env.step(np.ones(1, np.float32))
+            assert reward == -1.0 and terminated == (t == 20) and truncated is False
+    finally:
+        env.close()
+
+
+class LooseTypes(gym.Env):
+    """Returns what gymnasium's vector envs take though it is not the space's own dtype or
+    type: a list, float64 for float32, int rewards and flags, a 0-d reward."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple:
+        return [0.0, 0.5], {}
+
+    def step(self, action: np.ndarray) -> tuple:
+        return np.zeros(2), np.array(1.5), 0, np.int64(1), {}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # gymnasium's checker warns about each
+def test_values_the_vector_envs_can_hold_are_not_refused() -> None:
+    gym.register("LooseTypes-v0", entry_point=LooseTypes)
+    env = make_env("LooseTypes-v0")
+    try:
+        assert env.reset()[0] == [0.0, 0.5]
+        for _ in range(3):  # the first full check learns the types, then the fast path
+            assert env.step(np.zeros(1, np.float32))[1:4] == (1.5, 0, 1)
+    finally:
+        env.close()
+
+
+def test_the_registration_still_wraps_as_it_says() -> None:
+    """The check sits below gymnasium's wrappers and adds none to the spec: the time limit
+    and the registered additional wrappers still apply."""
+    gym.register("ClippedBreaks-v0", entry_point=type(gym.make("Breaks_none-v0").unwrapped),
+                 max_episode_steps=7, additional_wrappers=(
+                     gym.wrappers.ClipReward.wrapper_spec(min_reward=-0.5, max_reward=0.5),))
+    env = make_env("ClippedBreaks-v0")
+    try:
+        env.reset(seed=0)
+        results = [env.step(np.ones(1, np.float32)) for _ in range(7)]
+        assert [r[1] for r in results] == [-0.5] * 7  # -1 clipped
+        assert [r[3] for r in results] == [False] * 6 + [True]  # truncated at step 7
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize(("vec_env", "num_envs"),
+                         [("sync", 1), ("sync", 2), ("async", 2), ("shared", 2)])
+@pytest.mark.parametrize("fault", ["reset_not_tuple", "reward_vector"])
+def test_a_run_of_a_broken_env_is_one_line_in_every_vector_env(
+        fault: str, vec_env: str, num_envs: int, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    env_id = f"Breaks_{fault}-v0"
+    code = train.main([*SMALL, "--env", env_id, "--vec-env", vec_env, "--num-envs",
+                       str(num_envs), "--log-dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert (code, err) == (2, f"error: environment '{env_id}': {SPACE_FAULTS[fault]}\n")
+
+
+@pytest.mark.parametrize("vec_env", ["sync", "async", "shared"])
+def test_an_error_the_env_raises_in_a_worker_is_one_line(
+        vec_env: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """gymnasium's async env logged the worker's traceback and raised without a line."""
+    code = train.main([*SMALL, "--env", "Breaks_step_raises-v0", "--vec-env", vec_env,
+                       "--num-envs", "2", "--log-dir", str(tmp_path)])
+    err = capfd.readouterr().err
+    assert code == 2
+    assert re.fullmatch(r"error: the environment's step raised ValueError: the simulator blew "
+                        r"up \(at tests/fakes\.py:\d+\)\n", err), err
+
+
+def test_a_fault_that_comes_late_is_caught_where_it_comes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    env_id = "BreaksLate_step_shape-v0"
+    code = train.main([*SMALL, "--env", env_id, "--log-dir", str(tmp_path), "--run-name", "r"])
+    err = capsys.readouterr().err
+    assert (code, err) == (2, f"error: environment '{env_id}': {SPACE_FAULTS['step_shape']}\n")
+
+
+def test_the_command_line_names_the_env_and_what_it_returned(tmp_path: Path) -> None:
+    """The process as a user runs it, with the env from a module: one line, exit 2."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rl_graphstep.train", *SMALL, "--env", "fakes:Breaks_step_4-v0",
+         "--log-dir", str(tmp_path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode == 2
+    assert err == (f"error: environment 'fakes:Breaks_step_4-v0': {SPACE_FAULTS['step_4']}\n")
+
+
+def test_an_env_whose_close_raises_is_a_warning_after_a_finished_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The run's work is saved by then: it ends as done, exit 0 (it was a traceback, exit 1;
+    an async env's start, which closes a first copy, said the env 'could not be made')."""
+    with pytest.warns(UserWarning) as caught:
+        code = train.main([*SMALL, "--env", "Breaks_close_raises-v0", "--log-dir",
+                           str(tmp_path), "--run-name", "r"])
+    assert code == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("done: 300 steps")
+    closes = [str(w.message) for w in caught if "close" in str(w.message)]
+    assert len(closes) == 1
+    assert re.fullmatch(r"the environment's close raised RuntimeError: close boom \(at "
+                        r"tests/fakes\.py:\d+\); ignored", closes[0])
