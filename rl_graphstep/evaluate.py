@@ -44,7 +44,7 @@ from rl_graphstep.errors import (
 from rl_graphstep.netcheck import evaluation_action
 from rl_graphstep.netspec import make_networks, run_relative
 from rl_graphstep.plan import resolve_device
-from rl_graphstep.plugins import NetworkSpec
+from rl_graphstep.plugins import NetworkSpec, load_network_classes
 from rl_graphstep.seeds import SeedStack
 
 __all__ = ["EvaluationResult", "GroupEvaluation", "evaluate", "main"]
@@ -238,7 +238,10 @@ class _Run:
                  device: torch.device, actor: NetworkSpec | None,
                  critic: NetworkSpec | None) -> None:
         self.cfg, self.state, self.checkpoint, self.folder = cfg, state, checkpoint, folder
-        self.device, self.actor, self.critic = device, actor, critic
+        # Loaded once for all seeds, as train does (a file loaded per seed runs it again).
+        self.actor, self.critic = load_network_classes((actor or cfg.actor, "actor"),
+                                                       (critic or cfg.critic, "critic"))
+        self.device = device
         self.algorithm = ALGORITHMS[cfg.algo]
 
     def evaluate_seed(self, k: int, episodes: int, seed: int, video: bool
