@@ -110,7 +110,7 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     algorithm = algorithm_class(actor_net, critic_net, cfg, action_size=action_size,
                                 device=device, seeds=len(seeds))
     learner = OffPolicyLearner(algorithm, buffer, cfg, plan)
-    progress = Progress.of(cfg.env_id, len(seeds), cfg.num_envs)
+    progress = Progress.of(cfg.env_id, seeds, cfg.num_envs)
     if resumed is not None:
         envs, observations = restore_run(resumed, learner, progress, envs)
     else:
