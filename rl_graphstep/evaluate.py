@@ -45,9 +45,13 @@ from rl_graphstep.netcheck import evaluation_action
 from rl_graphstep.netspec import make_networks, run_relative
 from rl_graphstep.plan import resolve_device
 from rl_graphstep.plugins import NetworkSpec, load_network_classes
+from rl_graphstep.rundir import check_writable_folder
 from rl_graphstep.seeds import SeedStack
 
 __all__ = ["EvaluationResult", "GroupEvaluation", "evaluate", "main"]
+
+VIDEO_DIR = "videos"
+"""The folder of a run that `evaluate --video` records its videos into."""
 
 VIDEO_INSTALL_HINT = 'pip install "rl_graphstep[video]"'
 
@@ -146,7 +150,8 @@ def evaluate(run_dir: Path | str, episodes: int = 10, seed: int = 0, device: str
     members = _members(cfg, group_seed, asked, checkpoint)
     # Config checks the device choice, so a bad --device reads like train's.
     torch_device = resolve_device(dataclasses.replace(cfg, device=device))
-    if video:
+    if video:  # both before any episode is run
+        check_writable_folder(folder / VIDEO_DIR, "videos", " or evaluate without --video")
         _check_video_dependency()
     run = _Run(cfg, state, checkpoint, folder, torch_device, actor, critic)
     evaluated = [run.evaluate_seed(k, episodes, seed, video) for k in members]
@@ -352,7 +357,7 @@ def _record_video(env: gym.Env, cfg: Config, run_dir: Path, step: int,
     # One prefix per checkpoint (and per seed of a group), so evaluating a later checkpoint
     # or another seed does not overwrite videos.
     seed = "" if group_seed is None else f"__seed_{group_seed}"
-    return RecordVideo(env, str(run_dir / "videos"), episode_trigger=lambda _: True,
+    return RecordVideo(env, str(run_dir / VIDEO_DIR), episode_trigger=lambda _: True,
                        name_prefix=f"{cfg.env_id}__{cfg.algo}{seed}__step_{step:012d}")
 
 

@@ -14,7 +14,12 @@ from torch import nn
 from rl_graphstep.acting import ActionPipe, acting_policy
 from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.buffer import ReplayBuffer
-from rl_graphstep.checkpoint import list_checkpoints, load_checkpoint, set_aside_later
+from rl_graphstep.checkpoint import (
+    CHECKPOINT_DIR,
+    list_checkpoints,
+    load_checkpoint,
+    set_aside_later,
+)
 from rl_graphstep.collector import Collector
 from rl_graphstep.compiling import updates_ahead
 from rl_graphstep.config import Config
@@ -38,6 +43,7 @@ from rl_graphstep.plugins import NetworkSpec
 from rl_graphstep.rundir import (
     RunLock,
     check_run_dir,
+    check_writable_folder,
     claim_run_dir,
     clean_partial_saves,
     own_run_dir,
@@ -85,6 +91,10 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     if resumed is None and not by_clock and list_checkpoints(run_dir):
         raise ConfigError(f"{run_dir} already holds a run with checkpoints; continue it with "
                           "--resume or pick another --run-name")
+    if not by_clock:  # a new folder named by the clock has no checkpoints/ yet
+        # Checked now, not found at the first save after the whole span has trained.
+        check_writable_folder(run_dir / CHECKPOINT_DIR, "checkpoints", "" if cfg.resume
+                              else " or pick another --log-dir or --run-name")
     # Resumed from an older checkpoint: the later ones belong to the abandoned timeline.
     set_aside = set_aside_later(run_dir, int(resumed["global_step"])) if resumed else None
     removed = None if by_clock else clean_partial_saves(run_dir)
