@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 import pytest
+from processtools import Children, run
 
 from rl_graphstep.checkpoint import checkpoint_step, list_checkpoints
 from rl_graphstep.sweep import main, trial_cpus, trial_metrics
@@ -160,7 +161,7 @@ def test_a_failed_trial_is_retried_from_its_last_checkpoint(
 
 @pytest.mark.parametrize("how", ["kill -9", "SIGINT", "SIGTERM"])
 def test_a_driver_stopped_mid_sweep_resumes_and_every_trial_finishes_once(
-        how: str, tmp_path: Path) -> None:
+        how: str, tmp_path: Path, children: Children) -> None:
     """kill -9 of the driver's process group (its local Ray with it), or a Ctrl-C or SIGTERM
     to the driver, which then stops cleanly with one line; ``--resume`` finishes the rest."""
     pytest.importorskip("ray.tune")
@@ -177,8 +178,9 @@ def test_a_driver_stopped_mid_sweep_resumes_and_every_trial_finishes_once(
     root = Path(__file__).parents[1]
     env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     command = [sys.executable, "-m", "rl_graphstep.sweep", "grid.yaml", "--log-dir", "runs"]
-    driver = subprocess.Popen(command, cwd=tmp_path, env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # Its own process group (processtools), its local Ray in it, killed when the test ends.
+    driver = children.start(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
     sweep = tmp_path / "runs" / "grid"
     deadline = time.monotonic() + 120
     # Killed once some trial has checkpointed (others may have finished or not started).
@@ -196,8 +198,8 @@ def test_a_driver_stopped_mid_sweep_resumes_and_every_trial_finishes_once(
                "--resume\n" in stderr
         assert "Traceback" not in stderr
     assert not (sweep / "results.csv").exists()
-    resumed = subprocess.run([*command, "--resume"], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=300)
+    resumed = run([*command, "--resume"], cwd=tmp_path, env=env, capture_output=True,
+                  text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     with (sweep / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
@@ -209,7 +211,8 @@ def test_a_driver_stopped_mid_sweep_resumes_and_every_trial_finishes_once(
 
 
 @pytest.mark.slow
-def test_a_sweep_on_a_two_node_cluster_retries_a_killed_worker(tmp_path: Path) -> None:
+def test_a_sweep_on_a_two_node_cluster_retries_a_killed_worker(tmp_path: Path,
+                                                              children: Children) -> None:
     """A real cluster on loopback, started and stopped by this test with Ray's own commands:
     a head and a second node of one CPU each. The trials run on both, and the one whose worker
     process is killed is retried from its checkpoint and finishes."""
@@ -235,15 +238,16 @@ def test_a_sweep_on_a_two_node_cluster_retries_a_killed_worker(tmp_path: Path) -
     env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "RAY_AUTH_MODE": "disabled"}
     try:
+        # Not processtools' run: it would kill the nodes `ray start` leaves in its group.
         subprocess.run([ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port",
                         str(port), "--include-dashboard", "false", *common], check=True,
-                       env=env, capture_output=True, timeout=120)
+                       env=env, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
         subprocess.run([ray, "start", "--address", address, *common], check=True, env=env,
-                       capture_output=True, timeout=120)
-        driver = subprocess.Popen(
-            [sys.executable, "-m", "rl_graphstep.sweep", "grid.yaml", "--log-dir", "runs",
-             "--address", address, "--max-failures", "2"],
-            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                       capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+        driver = children.python(
+            "-m", "rl_graphstep.sweep", "grid.yaml", "--log-dir", "runs", "--address", address,
+            "--max-failures", "2", cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
         sweep = tmp_path / "runs" / "grid"
         killed = None  # the trial id whose training process was killed
         deadline = time.monotonic() + 180
@@ -272,7 +276,8 @@ def test_a_sweep_on_a_two_node_cluster_retries_a_killed_worker(tmp_path: Path) -
         # the folder holding a run with checkpoints).
         assert killed in {r["trial"] for r in rows}
     finally:
-        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
 
 
 def test_optuna_picks_the_sampled_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
