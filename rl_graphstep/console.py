@@ -277,6 +277,9 @@ def _done(summary: Mapping[str, Any], returns: str | None, group: str | None) ->
     parts = [f"{summary['global_step']} steps", f"{summary['episodes']} episodes",
              *([returns] if returns is not None else []), rate]
     sections = [f"done: {', '.join(parts)}", *([group] if group is not None else [])]
+    if summary.get("steps_taken") == 0:  # a resumed run already at its --total-timesteps
+        sections.append(f"nothing to train: the run was at step {summary['global_step']} "
+                        f"already (--total-timesteps {summary['total_timesteps']})")
     if "skipped_transitions" in summary:
         sections.append(f"skipped {summary['skipped_transitions']:,} non-finite transitions, "
                         f"{describe_updates(summary['updates'])}")

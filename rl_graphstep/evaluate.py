@@ -60,11 +60,15 @@ from rl_graphstep.errors import (
 from rl_graphstep.netcheck import evaluation_action
 from rl_graphstep.netspec import make_networks, run_relative
 from rl_graphstep.plan import resolve_device
-from rl_graphstep.plugins import NetworkSpec
+from rl_graphstep.plugins import NetworkSpec, load_network_classes
+from rl_graphstep.rundir import check_writable_folder
 from rl_graphstep.runfolders import group_seed_folder
 from rl_graphstep.seeds import SeedStack
 
 __all__ = ["EvaluationResult", "GroupEvaluation", "evaluate", "main"]
+
+VIDEO_DIR = "videos"
+"""The folder of a run that `evaluate --video` records its videos into."""
 
 VIDEO_INSTALL_HINT = 'pip install "rl_graphstep[video]"'
 
@@ -164,8 +168,9 @@ def evaluate(run_dir: Path | str, episodes: int = 10, seed: int = 0, device: str
     members = _members(cfg, group_seed, asked, checkpoint)
     # Config checks the device choice, so a bad --device reads like train's.
     torch_device = resolve_device(dataclasses.replace(cfg, device=device))
-    if video:
+    if video:  # all before any episode is run
         _check_rendering(cfg.env_id)  # the env's own limit first: moviepy cannot lift it
+        check_writable_folder(folder / VIDEO_DIR, "videos", " or evaluate without --video")
         _check_video_dependency()
     run = _Run(cfg, state, checkpoint, folder, torch_device, actor, critic)
     evaluated = [run.evaluate_seed(k, episodes, seed, video) for k in members]
@@ -269,7 +274,10 @@ class _Run:
                  device: torch.device, actor: NetworkSpec | None,
                  critic: NetworkSpec | None) -> None:
         self.cfg, self.state, self.checkpoint, self.folder = cfg, state, checkpoint, folder
-        self.device, self.actor, self.critic = device, actor, critic
+        # Loaded once for all seeds, as train does (a file loaded per seed runs it again).
+        self.actor, self.critic = load_network_classes((actor or cfg.actor, "actor"),
+                                                       (critic or cfg.critic, "critic"))
+        self.device = device
         self.algorithm = ALGORITHMS[cfg.algo]
 
     def evaluate_seed(self, k: int, episodes: int, seed: int, video: bool
@@ -394,7 +402,7 @@ def _record_video(env: gym.Env, cfg: Config, run_dir: Path, step: int,
     # One prefix per checkpoint (and per seed of a group), so evaluating a later checkpoint
     # or another seed does not overwrite videos.
     seed = "" if group_seed is None else f"__seed_{group_seed}"
-    return RecordVideo(env, str(run_dir / "videos"), episode_trigger=lambda _: True,
+    return RecordVideo(env, str(run_dir / VIDEO_DIR), episode_trigger=lambda _: True,
                        name_prefix=f"{cfg.env_id}__{cfg.algo}{seed}__step_{step:012d}")
 
 

@@ -39,7 +39,12 @@ from rl_graphstep.config import Config
 from rl_graphstep.errors import ConfigError, display_path
 from rl_graphstep.memory import allocation_errors, check_networks_fit
 from rl_graphstep.netcheck import check_actor, check_critic
-from rl_graphstep.plugins import NetworkSpec, _is_file_path, build_network
+from rl_graphstep.plugins import (
+    NetworkSpec,
+    _is_file_path,
+    build_network,
+    load_network_classes,
+)
 from rl_graphstep.seeds import stack_pairs
 
 if TYPE_CHECKING:
@@ -325,6 +330,9 @@ def make_seed_networks(algorithm: type[OffPolicyAlgorithm], cfg: Config, seeds: 
             raise ConfigError(f"a built {role} module has one initialisation and a group of "
                               f"seeds needs one per seed: pass its class, or train with "
                               f"--num-seeds 1")
+    # Each seed builds from one class: a file spec loaded per seed would give each its own.
+    actor, critic = load_network_classes((actor or cfg.actor, "actor"),
+                                         (critic or cfg.critic, "critic"))
     return stack_pairs(lambda _seed: make_networks(algorithm, cfg, observation_space,
                                                    action_space, device, actor, critic),
                        seeds, observation_size=observation_space.shape[0],

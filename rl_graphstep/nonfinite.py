@@ -20,13 +20,16 @@ from rl_graphstep.cli import suggested_command
 from rl_graphstep.envs import scale_action
 
 __all__ = ["NonFiniteTally", "describe_updates", "mostly_skipped", "mostly_skipped_message",
-           "nonfinite_stop_message", "policy_inputs", "random_actions_for", "store_seeds"]
+           "nonfinite_stop_message", "not_learned", "policy_inputs", "random_actions_for",
+           "store_seeds"]
 
 # The parts of a transition, in the order the buffer takes them; terminations are booleans.
 _PARTS = ("observation", "action", "reward", "next observation")
 # What a user can do about updates that keep coming out non-finite.
 _ADVICE = ("check the rewards and observations the environment returns, or lower the learning "
            "rates")
+# What a user can do about transitions that keep coming out non-finite.
+_ENV_ADVICE = "check the rewards and observations the environment returns"
 
 
 class NonFiniteTally:
@@ -196,6 +199,44 @@ def mostly_skipped_message(counts: dict[str, tuple[int, int]], run_dir: str) -> 
     return (f"most updates were skipped for non-finite losses or gradients "
             f"({describe_updates(counts)}), so the agent did not learn; {_ADVICE}; logs and "
             f"checkpoint kept in {run_dir}")
+
+
+def not_learned(counts: dict[str, tuple[int, int]], tallies: Sequence[NonFiniteTally], *,
+                steps: int, learning: bool, stored: int, batch_size: int, run_dir: str
+                ) -> str | None:
+    """Why a finished run did not learn (its exit-3 line), or None when it did: it made no
+    update at all where ``learning`` (it took steps past ``--learning-starts``, so updates were
+    due), skipped most of its updates, or dropped most of a seed's transitions.
+
+    ``counts``: :meth:`NonFiniteTally.updates`; ``tallies``: each seed's; ``steps``: each
+    seed's environment steps over the whole run; ``stored``: the rows of its replay buffer
+    (a group's least filled seed's, which decides whether the group can update)."""
+    kept = f"logs and checkpoint kept in {run_dir}"
+    dropped = _dropped(tallies, steps)
+    if learning and counts["critic"][1] == 0:
+        why = (f"the replay buffer never held a batch of --batch-size {batch_size} transitions "
+               f"(it holds {stored:,}")
+        if dropped:
+            return (f"no update was made: {why}; {dropped} had non-finite values and were not "
+                    f"stored), so the agent did not learn; {_ENV_ADVICE}; {kept}")
+        return (f"no update was made: {why}), so the agent did not learn; raise "
+                f"--total-timesteps; {kept}")
+    if mostly_skipped(counts):
+        return mostly_skipped_message(counts, run_dir)
+    if any(2 * tally.transitions > steps for tally in tallies):
+        return (f"most transitions had non-finite values and were not stored ({dropped}), so "
+                f"the agent learned from few of its steps; {_ENV_ADVICE}; {kept}")
+    return None
+
+
+def _dropped(tallies: Sequence[NonFiniteTally], steps: int) -> str:
+    """``300 of 1,000 transitions``; a group's seeds that dropped any, ``seed 2: 300 of 1,000
+    transitions``; "" when none dropped any."""
+    if len(tallies) == 1:
+        return f"{tallies[0].transitions:,} of {steps:,} transitions" if tallies[0].transitions \
+            else ""
+    parts = [f"seed {t.seed}: {t.transitions:,} of {steps:,}" for t in tallies if t.transitions]
+    return f"{', '.join(parts)} transitions" if parts else ""
 
 
 def policy_inputs(observations: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:

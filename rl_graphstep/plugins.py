@@ -21,6 +21,7 @@ __all__ = [
     "NetworkSpec",
     "build_network",
     "load_class",
+    "load_network_classes",
 ]
 
 NetworkSpec = str | type | nn.Module
@@ -196,10 +197,7 @@ def build_network(
         return spec_or_obj
 
     if isinstance(spec_or_obj, str):
-        try:
-            cls = load_class(spec_or_obj)
-        except ConfigError as error:
-            raise ConfigError(f"{role}: {error}") from error
+        cls = _load_for(spec_or_obj, role)
     elif isinstance(spec_or_obj, type):
         cls = spec_or_obj
         if not issubclass(cls, nn.Module):
@@ -223,6 +221,25 @@ def build_network(
         raise ConfigError(f"{role}: cannot build {cls.__qualname__}: {_raised(error)}"
                           ) from error
     return network
+
+
+def load_network_classes(*specs: tuple[NetworkSpec | None, str]) -> list[NetworkSpec | None]:
+    """Each ``(spec, role)``'s spec with a string loaded to its class; classes, built modules
+    and None as they are.
+
+    Called once per run, before the networks of its seeds are built: a file spec loaded again
+    is a new module with a new class object, and the seeds of a group must share one class
+    (``SeedStack``). Loading once also runs the user's file once.
+    """
+    return [_load_for(spec, role) if isinstance(spec, str) else spec for spec, role in specs]
+
+
+def _load_for(spec: str, role: str) -> type:
+    """:func:`load_class`, its one line starting with ``role``."""
+    try:
+        return load_class(spec)
+    except ConfigError as error:
+        raise ConfigError(f"{role}: {error}") from error
 
 
 def _first_line(error: BaseException) -> str:

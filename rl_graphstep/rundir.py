@@ -8,6 +8,7 @@ import errno
 import itertools
 import os
 import socket
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -77,6 +78,34 @@ def check_run_dir(path: Path) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"cannot make the run folder {path}: {existing} is not writable; "
                           f"{fix}")
+
+
+def check_writable_folder(folder: Path, what: str, alternative: str = "") -> None:
+    """Raise ``RunFolderError`` (one line) when ``what`` (``checkpoints``, say) could not be
+    written into ``folder`` later in the run, so that no work is lost finding out at the first
+    save: a file (or a broken link) stands where the folder must be, or the folder refuses a
+    new file (its permissions, a read-only file system), found by making and removing one;
+    a folder that does not exist yet, its parent, where it will be made (nothing is made
+    here). ``alternative``: another way out, after the fix (`` or pick another --run-name``).
+    """
+    shown = display_path(str(folder))
+    if folder.is_symlink() and not folder.exists():
+        raise RunFolderError(f"cannot write {what}: {shown} is a link to "
+                             f"{os.readlink(folder)}, which does not exist; make that folder "
+                             f"or remove the link{alternative}")
+    if folder.exists() and not folder.is_dir():
+        raise RunFolderError(f"cannot write {what}: {shown} is a file, not a folder; move it "
+                             f"away{alternative}")
+    probed = folder if folder.exists() else folder.parent
+    if not probed.is_dir():
+        return  # made with its parents when the run starts writing, checked there
+    try:
+        with tempfile.NamedTemporaryFile(dir=probed, prefix=".write_check."):
+            pass
+    except OSError as error:
+        raise RunFolderError(f"cannot write {what} into {display_path(str(probed))} "
+                             f"({error.strerror or error}); make it writable{alternative}"
+                             ) from None
 
 
 def claim_run_dir(path: Path) -> Path:

@@ -14,7 +14,12 @@ from torch import nn
 from rl_graphstep.acting import ActionPipe, acting_policy
 from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.buffer import ReplayBuffer
-from rl_graphstep.checkpoint import list_checkpoints, load_checkpoint, set_aside_later
+from rl_graphstep.checkpoint import (
+    CHECKPOINT_DIR,
+    list_checkpoints,
+    load_checkpoint,
+    set_aside_later,
+)
 from rl_graphstep.cli import suggested_command
 from rl_graphstep.collector import Collector
 from rl_graphstep.compiling import updates_ahead
@@ -39,6 +44,7 @@ from rl_graphstep.plugins import NetworkSpec
 from rl_graphstep.rundir import (
     RunLock,
     check_run_dir,
+    check_writable_folder,
     claim_run_dir,
     clean_partial_saves,
     own_run_dir,
@@ -90,6 +96,10 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
         raise ConfigError(f"{run_dir} already holds a run with checkpoints; pick another "
                           "--run-name, or continue it with: "
                           f"{suggested_command('rl_graphstep.train', '--resume', str(run_dir))}")
+    if not by_clock:  # a new folder named by the clock has no checkpoints/ yet
+        # Checked now, not found at the first save after the whole span has trained.
+        check_writable_folder(run_dir / CHECKPOINT_DIR, "checkpoints", "" if cfg.resume
+                              else " or pick another --log-dir or --run-name")
     # Resumed from an older checkpoint: the later ones belong to the abandoned timeline.
     set_aside = set_aside_later(run_dir, int(resumed["global_step"])) if resumed else None
     removed = None if by_clock else clean_partial_saves(run_dir)
@@ -121,7 +131,7 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     algorithm = algorithm_class(actor_net, critic_net, cfg, action_size=action_size,
                                 device=device, seeds=len(seeds))
     learner = OffPolicyLearner(algorithm, buffer, cfg, plan)
-    progress = Progress.of(cfg.env_id, len(seeds), cfg.num_envs)
+    progress = Progress.of(cfg.env_id, seeds, cfg.num_envs)
     if resumed is not None:
         envs, observations = restore_run(resumed, learner, progress, envs)
     else:

@@ -7,6 +7,7 @@ import dataclasses
 import pickle
 import warnings
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,12 +44,13 @@ class Progress:
     tallies: list[NonFiniteTally] = field(default_factory=lambda: [NonFiniteTally("")])
 
     @classmethod
-    def of(cls, env_id: str, seeds: int, num_envs: int) -> Progress:
-        """Fresh counters for ``seeds`` seeds of ``num_envs`` envs each."""
-        return cls(episode_stats=EpisodeStatistics(seeds * num_envs),
-                   seed_returns=[deque(maxlen=10) for _ in range(seeds)],
-                   tallies=[NonFiniteTally(env_id, seed=None if seeds == 1 else k)
-                            for k in range(seeds)])
+    def of(cls, env_id: str, seeds: Sequence[int], num_envs: int) -> Progress:
+        """Fresh counters for the run's ``seeds`` (each tally named by its seed, which its
+        warning and the run's last line give), ``num_envs`` envs each."""
+        return cls(episode_stats=EpisodeStatistics(len(seeds) * num_envs),
+                   seed_returns=[deque(maxlen=10) for _ in seeds],
+                   tallies=[NonFiniteTally(env_id, seed=None if len(seeds) == 1 else seed)
+                            for seed in seeds])
 
     @property
     def recent_returns(self) -> deque[float]:

@@ -278,11 +278,17 @@ def _check_alike(modules: Sequence[nn.Module]) -> None:
     for k, module in enumerate(modules[1:], start=1):
         if type(module) is not type(first):
             raise ValueError(f"a SeedStack's modules must be of one class: module {k} is a "
-                             f"{type(module).__name__}, module 0 a {type(first).__name__}")
+                             f"{_class_name(type(module))}, module 0 a "
+                             f"{_class_name(type(first))}")
         if _layout(module) != layout:
             raise ValueError(f"a SeedStack's modules must have the same parameters and "
                              f"buffers: module {k}'s differ from module 0's in name, shape, "
                              "dtype or device")
+
+
+def _class_name(cls: type) -> str:
+    """``module.QualName``: two classes of one name (a file loaded twice) read apart."""
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _layout(module: nn.Module) -> list[tuple[str, tuple[int, ...], torch.dtype, torch.device]]:

@@ -44,18 +44,15 @@ from rl_graphstep.errors import (
     os_error_line,
 )
 from rl_graphstep.flags import load_config
-from rl_graphstep.nonfinite import (
-    mostly_skipped,
-    mostly_skipped_message,
-    nonfinite_stop_message,
-)
+from rl_graphstep.nonfinite import mostly_skipped, nonfinite_stop_message, not_learned
 from rl_graphstep.plan import matmul_precision, resolve_device, settle_action_stream
 from rl_graphstep.plugins import NetworkSpec
 from rl_graphstep.runsetup import Reporter, Run, set_up
 from rl_graphstep.runstate import save_run
 from rl_graphstep.threads import loop_threads
 
-# The exit code of a run that finished but skipped most of its updates (non-finite values).
+# The exit code of a run that finished but did not learn: it made no update, or skipped most
+# of its updates or transitions for non-finite values (nonfinite.not_learned).
 MOSTLY_SKIPPED_EXIT = 3
 
 
@@ -206,9 +203,12 @@ def _episode_ended(run: Run, seed: int, episodic_return: float, length: int) -> 
 
 def _summary(run: Run) -> dict[str, Any]:
     """What ``train`` returns: the run's counts, returns, plan and speed (see console's lines)."""
-    progress, collector = run.progress, run.collector
+    progress, collector, cfg = run.progress, run.collector, run.cfg
     updates = progress.nonfinite.updates(run.learner)
     policy = collector.policy
+    # A resumed run already at --total-timesteps takes no step: nothing was asked of it.
+    steps_taken = progress.global_step - run.clock.start[1]
+    learning = progress.global_step > cfg.learning_starts
     return {
         "run_dir": str(run.run_dir),
         "global_step": progress.global_step,
@@ -226,6 +226,12 @@ def _summary(run: Run) -> dict[str, Any]:
         # Critic and actor steps, each (skipped, made) over the whole run.
         "updates": updates,
         "mostly_skipped": mostly_skipped(updates),
+        # Why the run did not learn (the exit-3 line), None when it did or took no step.
+        "not_learned": None if steps_taken == 0 else not_learned(
+            updates, progress.tallies, steps=progress.global_step, learning=learning,
+            stored=len(run.learner.buffer), batch_size=cfg.batch_size, run_dir=str(run.run_dir)),
+        "steps_taken": steps_taken,
+        "total_timesteps": cfg.total_timesteps,
         **run.clock.summary(progress.global_step, collector.waited, collector.waits),
     }
 
@@ -252,7 +258,7 @@ def stop_requests() -> Iterator[list[int]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry: one clear line and exit 2 on bad input, 128+signal when stopped,
-    3 when the run finished but skipped most of its updates."""
+    3 when the run finished but did not learn (no update made, or most skipped)."""
     argv = argument_list(argv, "rl_graphstep.train.main()")
     # From here on a Ctrl-C is the KeyboardInterrupt handled below.
     command = end_startup_guard()
@@ -286,9 +292,8 @@ def _command_line(argv: Sequence[str] | None) -> int:
         return 2
     _set_ctrl_c(signal.SIG_IGN)
     say(summary_line(summary))
-    if summary["mostly_skipped"]:
-        say(f"error: {mostly_skipped_message(summary['updates'], summary['run_dir'])}",
-            sys.stderr)
+    if summary["not_learned"]:
+        say(f"error: {summary['not_learned']}", sys.stderr)
         return MOSTLY_SKIPPED_EXIT
     return 0
 

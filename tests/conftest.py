@@ -1,5 +1,6 @@
 """Shared test set-up: one intra-op thread, `cuda` tests skip cleanly on a machine without a
-GPU, a `torch_threads` fixture, and `slow` tests (minutes of training) run without the stack dump of
+GPU, a `torch_threads` fixture, a `children` fixture (processes a test starts, ended with it:
+processtools), and `slow` tests (minutes of training) run without the stack dump of
 `faulthandler_timeout`."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from processtools import Children
 
 from rl_graphstep import threads
 from rl_graphstep.threads import user_chose_threads
@@ -50,3 +52,14 @@ def torch_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(threads, "_IMPORT_COUNT", 2)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def children() -> Iterator[Children]:
+    """Start a test's processes (``children.python(...)``): each with default stop signals
+    and stdin /dev/null, and killed with its process group when the test ends in any way."""
+    started = Children()
+    try:
+        yield started
+    finally:
+        started.end_all()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from processtools import Children, run
 
 from rl_graphstep import buffer as buffer_module
 from rl_graphstep import cli, evaluate, memory, train
@@ -283,19 +284,21 @@ def test_a_failed_buffer_allocation_is_the_same_line(monkeypatch: pytest.MonkeyP
 CONSOLE_SCRIPT = "from rl_graphstep.cli import train_command; train_command()"
 
 
-def start(module: str, *args: str) -> subprocess.Popen[str]:
+def start(children: Children, module: str, *args: str) -> subprocess.Popen[str]:
     command = ["-c", CONSOLE_SCRIPT] if module == "console script" else ["-m", module]
-    return subprocess.Popen([sys.executable, *command, *args], cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return children.python(*command, *args, cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
 
 
 @pytest.mark.parametrize("module", ["rl_graphstep.train", "rl_graphstep.evaluate",
                                     "console script"])
-def test_ctrl_c_during_start_up_is_one_line(module: str, tmp_path: Path) -> None:
+def test_ctrl_c_during_start_up_is_one_line(module: str, tmp_path: Path,
+                                            children: Children) -> None:
     """Ctrl-C at several moments of the imports (torch's take about a second or more)."""
     for delay in (0.3, 0.8, 1.5):
-        process = start(module, str(tmp_path)) if module.endswith("evaluate") else start(
-            module, "--device", "cpu", "--no-progress", "--log-dir", str(tmp_path))
+        process = start(children, module, str(tmp_path)) if module.endswith("evaluate") else (
+            start(children, module, "--device", "cpu", "--no-progress", "--log-dir",
+                  str(tmp_path)))
         time.sleep(delay)
         process.send_signal(signal.SIGINT)
         _, err = process.communicate(timeout=60)
@@ -305,12 +308,13 @@ def test_ctrl_c_during_start_up_is_one_line(module: str, tmp_path: Path) -> None
             assert err.strip() == "stopped: interrupted during start-up", (delay, err)
 
 
-def test_a_ctrl_c_during_the_interpreters_teardown_keeps_the_exit_code(tmp_path: Path) -> None:
+def test_a_ctrl_c_during_the_interpreters_teardown_keeps_the_exit_code(
+        tmp_path: Path, children: Children) -> None:
     """evaluate has reported the empty folder (exit 2) and the interpreter is tearing torch
     down, about half a second: a Ctrl-C then changes nothing (it used to kill the process
     by SIGINT, from about 7 ms after the report on)."""
     for delay in (0.005, 0.02, 0.05, 0.1, 0.2):
-        process = start("rl_graphstep.evaluate", str(tmp_path))
+        process = start(children, "rl_graphstep.evaluate", str(tmp_path))
         assert process.stderr is not None
         assert process.stderr.readline().startswith("error: "), delay
         time.sleep(delay)
@@ -319,11 +323,11 @@ def test_a_ctrl_c_during_the_interpreters_teardown_keeps_the_exit_code(tmp_path:
         assert (process.returncode, err) == (2, ""), delay
 
 
-def test_ctrl_c_held_down_saves_once_and_exits_130(tmp_path: Path) -> None:
+def test_ctrl_c_held_down_saves_once_and_exits_130(tmp_path: Path, children: Children) -> None:
     """Ctrl-C after Ctrl-C (every 3 ms, from one step until the process is gone): those
     while the first one's checkpoint is saved, the logs flushed and the interpreter shuts
     down are noted or end it quietly. One 'stopped:' line, exit 130, the checkpoint loads."""
-    process = start("rl_graphstep.train", *SMALL, "--total-timesteps", "1000000",
+    process = start(children, "rl_graphstep.train", *SMALL, "--total-timesteps", "1000000",
                     "--log-dir", str(tmp_path), "--run-name", "run", "--save-buffer")
     assert process.stdout is not None
     while "updates:" not in (line := process.stdout.readline()):
@@ -414,9 +418,9 @@ def test_a_stream_closed_at_the_start_is_the_null_device_and_keeps_its_descripto
               "    print('to stdout', flush=True)\n"
               "    os.write(1, b'to descriptor 1')\n"
               "    log.write(str(log.fileno()))\n")
-    result = subprocess.run(["sh", "-c", 'exec "$0" "$@" >&-', sys.executable, "-c", script],
-                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                            stderr=subprocess.PIPE, text=True, timeout=60)
+    result = run(["sh", "-c", 'exec "$0" "$@" >&-', sys.executable, "-c", script],
+                 cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                 stderr=subprocess.PIPE, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert int((tmp_path / "log").read_text()) > 2  # the file's own descriptor, nothing else
 

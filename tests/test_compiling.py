@@ -5,12 +5,11 @@ other warning and log record still shows; on the GPU a run's first lines carry n
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
+from processtools import run_python
 
 from rl_graphstep.compiling import (
     COMPILE_SECONDS,
@@ -76,11 +75,10 @@ def test_the_profiler_notes_are_dropped_and_other_records_are_not(
 
 @pytest.mark.cuda
 def test_a_compiled_cuda_run_prints_none_of_the_frameworks_notices(tmp_path: Path) -> None:
-    process = subprocess.run(
-        [sys.executable, "-m", "rl_graphstep.train", "--env", "Pendulum-v1",
-         "--total-timesteps", "400", "--learning-starts", "200", "--batch-size", "64",
-         "--compile", "on", "--no-progress", "--log-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=600)
+    process = run_python(
+        "-m", "rl_graphstep.train", "--env", "Pendulum-v1", "--total-timesteps", "400",
+        "--learning-starts", "200", "--batch-size", "64", "--compile", "on", "--no-progress",
+        "--log-dir", str(tmp_path), capture_output=True, text=True, timeout=600)
     output = process.stdout + process.stderr
     print(output)
     assert process.returncode == 0

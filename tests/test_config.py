@@ -4,13 +4,12 @@ plain-value form and the tensorboard table."""
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 from configtools import one_line_error, write
+from processtools import run_python
 
 from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.config import (
@@ -197,8 +196,7 @@ def test_config_takes_the_algorithm_names_without_importing_an_algorithm() -> No
     code = ("import sys, rl_graphstep.config as c\n"
             "print(c.FIELDS['algo'].metadata['help'], "
             "[m for m in sys.modules if m.startswith('rl_graphstep.algorithms.')])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout
+    out = run_python("-c", code, capture_output=True, text=True, check=True).stdout
     assert out == "algorithm, one of sac, td3, ddpg []\n"
     assert {name: cls.name for name, cls in ALGORITHMS.items()} == {n: n for n in ALGORITHMS}
     assert "ppo" not in ALGORITHMS and len(ALGORITHMS) == 3

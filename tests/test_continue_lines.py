@@ -4,7 +4,6 @@ stop line is run as printed in tests/test_sweep.py)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shlex
 import shutil
@@ -15,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processtools import Children, run
 
 from rl_graphstep.cli import suggested_command
 from rl_graphstep.train import main
@@ -45,52 +45,36 @@ def test_python_is_named_by_its_path_unless_a_shell_finds_this_one(
     assert shlex.split(suggested_command("m"))[0] == sys.executable
 
 
-def default_stop_signals() -> None:
-    """In the child, before it runs: SIGINT acts as it does by default, whatever this process
-    was started with (``cmd &`` ignores it)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
 
 
-def test_a_stopped_run_continues_with_the_command_its_stop_line_gives(tmp_path: Path) -> None:
+def test_a_stopped_run_continues_with_the_command_its_stop_line_gives(
+        tmp_path: Path, children: Children) -> None:
     """Stopped with Ctrl-C, the run's last line gives a command; run as printed, from the same
     folder, it resumes the run (stopped again once it has: the run is a long one)."""
     start = [sys.executable, "-m", "rl_graphstep.train", *SMALL, "--log-dir", AWKWARD,
              "--run-name", NAME, "--total-timesteps", "100000"]
-    processes: list[subprocess.Popen[str]] = []
-    try:
-        run = subprocess.Popen(start, cwd=tmp_path, env=child_env(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True,
-                               preexec_fn=default_stop_signals)
-        processes.append(run)
-        deadline = time.monotonic() + 120
-        while not list((tmp_path / AWKWARD / NAME).glob("events.*")) and (
-                time.monotonic() < deadline):
-            time.sleep(0.2)
-        time.sleep(1)
-        run.send_signal(signal.SIGINT)
-        _, stderr = run.communicate(timeout=120)
-        assert run.returncode == 130, stderr
-        printed = suggested_command("rl_graphstep.train", "--resume", f"{AWKWARD}/{NAME}")
-        assert stderr.splitlines()[-1].endswith(f"; continue with: {printed}")
-        again = subprocess.Popen(shlex.split(printed), cwd=tmp_path, env=child_env(),
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                 start_new_session=True, preexec_fn=default_stop_signals)
-        processes.append(again)
-        assert again.stdout is not None
-        first = again.stdout.readline()
-        assert f"{AWKWARD}/{NAME}: SAC on Pendulum-v1" in first and "resumed at step" in first
-        again.send_signal(signal.SIGINT)
-        _, stderr = again.communicate(timeout=120)
-        assert again.returncode == 130, stderr
-    finally:
-        for process in processes:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=60)
+    first_run = children.start(start, cwd=tmp_path, env=child_env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / AWKWARD / NAME).glob("events.*")) and (
+            time.monotonic() < deadline):
+        time.sleep(0.2)
+    time.sleep(1)
+    first_run.send_signal(signal.SIGINT)
+    _, stderr = first_run.communicate(timeout=120)
+    assert first_run.returncode == 130, stderr
+    printed = suggested_command("rl_graphstep.train", "--resume", f"{AWKWARD}/{NAME}")
+    assert stderr.splitlines()[-1].endswith(f"; continue with: {printed}")
+    again = children.start(shlex.split(printed), cwd=tmp_path, env=child_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert again.stdout is not None
+    first = again.stdout.readline()
+    assert f"{AWKWARD}/{NAME}: SAC on Pendulum-v1" in first and "resumed at step" in first
+    again.send_signal(signal.SIGINT)
+    _, stderr = again.communicate(timeout=120)
+    assert again.returncode == 130, stderr
 
 
 def test_a_run_folder_taken_gives_the_command_that_continues_it(
@@ -105,7 +89,7 @@ def test_a_run_folder_taken_gives_the_command_that_continues_it(
     printed = suggested_command("rl_graphstep.train", "--resume", f"{AWKWARD}/{NAME}")
     assert err == (f"error: {AWKWARD}/{NAME} already holds a run with checkpoints; pick another "
                    f"--run-name, or continue it with: {printed}\n")
-    again = subprocess.run(shlex.split(printed), cwd=tmp_path, env=child_env(),
-                           capture_output=True, text=True, timeout=300)
+    again = run(shlex.split(printed), cwd=tmp_path, env=child_env(), capture_output=True,
+                text=True, timeout=300)
     assert again.returncode == 0, again.stderr
     assert "resumed at step 300" in again.stdout

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from fakes import SPACE_FAULTS
+from processtools import run
 
 from rl_graphstep import train
 from rl_graphstep.envmake import make_env
@@ -133,15 +133,10 @@ def test_a_fault_that_comes_late_is_caught_where_it_comes(
 def test_the_command_line_names_the_env_and_what_it_returned(tmp_path: Path) -> None:
     """The process as a user runs it, with the env from a module: one line, exit 2."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "rl_graphstep.train", *SMALL, "--env", "fakes:Breaks_step_4-v0",
-         "--log-dir", str(tmp_path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
-    try:
-        _, err = process.communicate(timeout=120)
-    finally:
-        process.kill()
-        process.wait()
+    done = run([sys.executable, "-m", "rl_graphstep.train", *SMALL, "--env",
+                "fakes:Breaks_step_4-v0", "--log-dir", str(tmp_path)], cwd=tmp_path, env=env,
+               capture_output=True, text=True, timeout=120)
+    process, err = done, done.stderr
     assert process.returncode == 2
     assert err == (f"error: environment 'fakes:Breaks_step_4-v0': {SPACE_FAULTS['step_4']}\n")
 

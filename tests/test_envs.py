@@ -6,6 +6,7 @@ import importlib.util
 import os
 import random
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -131,9 +132,12 @@ def test_unknown_env_of_a_module_suggests_the_module_form(env_id: str, hint: str
                                "gymnasium.envs.registry for the list)")
 
 
-def test_missing_mujoco_names_the_extra() -> None:
-    if importlib.util.find_spec("mujoco") is not None:
-        pytest.skip("MuJoCo is installed here")
+def test_missing_mujoco_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Not installed, as far as gymnasium's MuJoCo envs can tell, whether or not it is here:
+    # `import mujoco` fails, and those envs' modules are imported afresh (and put back after).
+    monkeypatch.setitem(sys.modules, "mujoco", None)
+    for name in [m for m in sys.modules if m.startswith("gymnasium.envs.mujoco")]:
+        monkeypatch.delitem(sys.modules, name)
     with pytest.raises(EnvError, match=r'pip install "rl_graphstep\[mujoco\]"'):
         make_vec_env("HalfCheetah-v5", seed=0)
 

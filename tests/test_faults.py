@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from fakes import POISONED, register_poisoned
+from processtools import run_python
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
@@ -230,6 +231,90 @@ def test_a_clean_run_ends_with_its_counts_and_exit_0(
         r"\(learning phase [\d,]+ steps/s; updates built in \d+\.\d s\); "
         r"skipped 6 non-finite transitions, 0 of 100 critic updates and 0 of 100 actor "
         rf"updates; logs in {tmp_path}/run", out.splitlines()[-1])
+
+
+# An environment module a training process imports by its --env nanenv:NaNReward-v0.
+NAN_ENV = """
+import gymnasium as gym
+
+
+class NaNReward(gym.Wrapper):
+    def step(self, action):
+        observation, _, terminated, truncated, info = self.env.step(action)
+        return observation, float("nan"), terminated, truncated, info
+
+
+gym.register("NaNReward-v0", entry_point=lambda **_: NaNReward(gym.make("Pendulum-v1")),
+             max_episode_steps=200)
+"""
+
+
+def test_a_run_that_made_no_update_exits_3(tmp_path: Path) -> None:
+    """Every reward NaN: no transition is stored, so no update can be made. It used to end
+    with ``0 of 0 critic updates``, an untrained checkpoint and exit 0."""
+    (tmp_path / "nanenv.py").write_text(NAN_ENV)
+    run = tmp_path / "runs" / "run"
+    result = run_python("-m", "rl_graphstep.train", *SMALL, "--env", "nanenv:NaNReward-v0",
+                        "--total-timesteps", "300", "--log-dir", "runs", "--run-name", "run",
+                        cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 3, result.stderr
+    assert result.stdout.splitlines()[-1].endswith(
+        "; skipped 300 non-finite transitions, 0 of 0 critic updates and 0 of 0 actor "
+        "updates; logs in runs/run")
+    assert result.stderr.splitlines()[-1] == (
+        "error: no update was made: the replay buffer never held a batch of --batch-size 32 "
+        "transitions (it holds 0; 300 of 300 transitions had non-finite values and were not "
+        "stored), so the agent did not learn; check the rewards and observations the "
+        "environment returns; logs and checkpoint kept in runs/run")
+    assert latest_checkpoint(run) is not None
+
+
+def test_a_group_whose_observations_are_all_nan_says_so_for_each_seed(tmp_path: Path) -> None:
+    env_id = register_poisoned("AllNaNObservations", "observation", math.nan, every=1)
+    cfg = load_config([*SMALL, "--env", env_id, "--num-seeds", "2", "--total-timesteps", "250",
+                       "--log-dir", str(tmp_path), "--run-name", "run"])
+    with pytest.warns(UserWarning, match=r"non-finite next observation \(seed 1, env 0, step 1\)"):
+        summary = train(cfg)
+    assert summary["updates"] == {"critic": (0, 0), "actor": (0, 0)}
+    assert summary["not_learned"] == (
+        "no update was made: the replay buffer never held a batch of --batch-size 32 "
+        "transitions (it holds 0; seed 1: 250 of 250, seed 2: 250 of 250 transitions had "
+        "non-finite values and were not stored), so the agent did not learn; check the "
+        f"rewards and observations the environment returns; logs and checkpoint kept in "
+        f"{tmp_path / 'run'}")
+
+
+def test_a_run_that_dropped_most_transitions_exits_3(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The first 100 rewards finite, every later one NaN: updates from step 200 learn from
+    those 100 alone."""
+    env_id = register("NaNAfterAHundred", value=math.nan, every=1, after=100)
+    with pytest.warns(UserWarning, match="non-finite reward"):
+        code = main([*SMALL, "--env", env_id, "--total-timesteps", "300", "--log-dir",
+                     str(tmp_path), "--run-name", "run"])
+    out, err = capsys.readouterr()
+    assert code == 3
+    assert "skipped 200 non-finite transitions, 0 of 100 critic updates" in out
+    assert err.splitlines() == [
+        "error: most transitions had non-finite values and were not stored (200 of 300 "
+        "transitions), so the agent learned from few of its steps; check the rewards and "
+        f"observations the environment returns; logs and checkpoint kept in {tmp_path}/run"]
+
+
+def test_a_resumed_run_with_nothing_left_to_train_says_so_and_exits_0(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Asked for no step (already at its --total-timesteps), a run is not judged: even one
+    that made no update."""
+    env_id = register_poisoned("AllNaNRewards", "reward", math.nan, every=1)
+    with pytest.warns(UserWarning, match="non-finite reward"):
+        assert main([*SMALL, "--env", env_id, "--total-timesteps", "250", "--log-dir",
+                     str(tmp_path), "--run-name", "run"]) == 3
+    capsys.readouterr()
+    assert main(["--resume", str(tmp_path / "run"), "--total-timesteps", "250"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    assert ("; nothing to train: the run was at step 250 already (--total-timesteps 250); "
+            "skipped 250 non-finite transitions, 0 of 0 critic updates") in out.splitlines()[-1]
 
 
 def test_huge_rewards_do_not_break_the_parameters(tmp_path: Path) -> None:

@@ -229,6 +229,48 @@ def test_a_file_network_that_is_gone_is_named_with_its_place_in_the_run(
         f"error: critic: file '{copy}' for '{copy}:SmallCritic' does not exist")
 
 
+# A file actor that counts how often its file runs: once per run, whatever the seeds.
+COUNTED_ACTOR = """
+with open({loads!r}, "a") as loads:
+    loads.write("x")
+
+from rl_graphstep.networks import SquashedGaussianActor
+
+
+class DeepActor(SquashedGaussianActor):
+    def __init__(self, observation_space, action_space):
+        super().__init__(observation_space, action_space, hidden_sizes=(16, 16))
+"""
+
+
+def test_file_networks_load_once_for_a_group_of_seeds_that_trains_evaluates_and_resumes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Each seed's networks are of one class: a file loaded per seed made each its own, and
+    SeedStack refused them (``module 1 is a DeepActor, module 0 a DeepActor``)."""
+    monkeypatch.chdir(tmp_path)
+    loads = tmp_path / "loads.txt"
+    Path("actor.py").write_text(COUNTED_ACTOR.format(loads=str(loads)))
+    critic = "examples/layernorm_critic.py:LayerNormCritic"
+    shutil.copytree(ROOT / "examples", "examples")
+    summary = train(load_config([*SMALL, "--log-dir", "runs", "--run-name", "g", "--num-seeds",
+                                 "2", "--actor", "actor.py:DeepActor", "--critic", critic,
+                                 "--total-timesteps", "150"]))
+    assert summary["seeds"] == (3, 4) and summary["updates"]["critic"] == (0, 100)
+    assert loads.read_text() == "x"
+    assert load_checkpoint("runs/g")["config"]["actor"] == "networks/actor.py:DeepActor"
+    assert load_checkpoint("runs/g")["config"]["critic"] == ("networks/layernorm_critic.py:"
+                                                             "LayerNormCritic")
+    group = evaluate(Path("runs/g"), episodes=1, device="cpu", verbose=False)
+    assert group.seeds == (3, 4) and len(group.results) == 2  # each seed's own actor
+    assert group.results[0].returns != group.results[1].returns
+    assert loads.read_text() == "xx"  # the run's copy, once for both seeds
+    capsys.readouterr()
+    assert main(["--resume", "runs/g", "--total-timesteps", "200"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("done: 200 steps, ")
+    assert loads.read_text() == "xxx"
+
+
 # ------------------------------------------------------------------ deterministic_action
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from processtools import Children, run
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rl_graphstep.checkpoint import (
@@ -152,17 +153,25 @@ def test_keeps_the_newest_checkpoints(tmp_path: Path) -> None:
         "step_000000000400.pt", "step_000000000500.pt"]
 
 
+def wait_for_logs(run_dir: Path, process: subprocess.Popen) -> None:
+    """Until the training ``process`` has started logging into ``run_dir``: it is in its loop,
+    its stop signals caught. Fails at once, with its errors, when it ended instead."""
+    deadline = time.monotonic() + 120
+    while not list(run_dir.glob("events.*")):
+        assert process.poll() is None, process.communicate()[1]
+        assert time.monotonic() < deadline, "no event file in 120 s"
+        time.sleep(0.2)
+
+
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130),
                                              (signal.SIGHUP, 129)])
-def test_a_signal_saves_flushes_and_resumes(signum: int, code: int, tmp_path: Path) -> None:
+def test_a_signal_saves_flushes_and_resumes(signum: int, code: int, tmp_path: Path,
+                                            children: Children) -> None:
     args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--checkpoint-every",
             "100000"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "rl_graphstep.train", *args, "--total-timesteps", "100000"],
-        cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
-    while not list((tmp_path / "run").glob("events.*")) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    process = children.python("-m", "rl_graphstep.train", *args, "--total-timesteps", "100000",
+                              cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    wait_for_logs(tmp_path / "run", process)
     time.sleep(3)  # let it learn for a while
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=120)
@@ -179,16 +188,16 @@ def test_a_signal_saves_flushes_and_resumes(signum: int, code: int, tmp_path: Pa
 
 
 @pytest.mark.parametrize("errors", ["apart", "with the output"])
-def test_output_nobody_reads_stops_the_run_with_a_checkpoint(errors: str, tmp_path: Path
-                                                             ) -> None:
+def test_output_nobody_reads_stops_the_run_with_a_checkpoint(errors: str, tmp_path: Path,
+                                                             children: Children) -> None:
     """``train | tee log`` whose ``tee`` dies first (a Ctrl-C in the terminal), ``train |
     head``: the next progress line finds the pipe closed, and the run stops as a signal
     would stop it, saved, with no traceback (exit 141, as a shell reports SIGPIPE)."""
     args = [a for a in SMALL if a != "--no-progress"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "rl_graphstep.train", *args, "--log-dir", str(tmp_path),
-         "--run-name", "run", "--checkpoint-every", "100000", "--total-timesteps", "100000"],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+    process = children.python(
+        "-m", "rl_graphstep.train", *args, "--log-dir", str(tmp_path), "--run-name", "run",
+        "--checkpoint-every", "100000", "--total-timesteps", "100000", cwd=ROOT,
+        stdout=subprocess.PIPE, text=True,
         stderr=subprocess.PIPE if errors == "apart" else subprocess.STDOUT)
     assert process.stdout.readline().startswith(str(tmp_path / "run"))  # the first line
     process.stdout.close()  # the reader goes away; a progress line comes within 10 s
@@ -210,9 +219,8 @@ def test_a_run_started_without_its_standard_streams_runs_to_the_end(closed: str,
     and logs as with ``>/dev/null``, and no file it opens takes the free descriptor."""
     args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--vec-env", "async",
             "--num-envs", "2", "--total-timesteps", "400"]
-    result = subprocess.run(
-        ["sh", "-c", f'exec "$0" "$@" {closed}', sys.executable, "-m", "rl_graphstep.train",
-         *args], cwd=ROOT, stderr=subprocess.PIPE, text=True, timeout=300)
+    result = run(["sh", "-c", f'exec "$0" "$@" {closed}', sys.executable, "-m",
+                  "rl_graphstep.train", *args], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""  # closed, or nothing to say
     assert load_checkpoint(tmp_path / "run")["global_step"] == 400
@@ -238,20 +246,18 @@ def test_a_stop_signal_ignored_at_the_start_stays_ignored() -> None:
                          ids=["int", "term", "hup"])
 @pytest.mark.parametrize("kind", ["async", "shared"])
 def test_a_stop_to_the_process_group_spares_the_env_subprocesses(kind: str, signum: int,
-                                                                 tmp_path: Path) -> None:
+                                                                 tmp_path: Path,
+                                                                 children: Children) -> None:
     """A terminal's Ctrl-C or SIGHUP, or a batch system's SIGTERM, reaches every process of
     the group, the vector env's workers too: they must live on so the run can save its
     checkpoint and close them."""
     args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--vec-env", kind,
             "--num-envs", "2"]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "rl_graphstep.train", *args, "--total-timesteps", "100000"],
-        cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while not list((tmp_path / "run").glob("events.*")) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    process = children.python("-m", "rl_graphstep.train", *args, "--total-timesteps", "100000",
+                              cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    wait_for_logs(tmp_path / "run", process)
     time.sleep(2)
-    os.killpg(process.pid, signum)
+    os.killpg(process.pid, signum)  # it leads a group of its own (processtools)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == 128 + signum, stderr
     assert f"stopped: {signal.Signals(signum).name} at step" in stderr
@@ -315,19 +321,19 @@ def test_a_second_resume_of_a_run_is_refused(tmp_path: Path,
 
 
 def test_the_lock_of_a_killed_training_is_free(tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+                                               capsys: pytest.CaptureFixture[str],
+                                               children: Children) -> None:
     """kill -9 runs no clean-up; the kernel drops the process's lock all the same, even while
     a process it forked (an env subprocess, say) lives on."""
     run_dir = tmp_path / "run"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import multiprocessing, sys, time\n"
-         "from rl_graphstep.rundir import RunLock\n"
-         "RunLock(sys.argv[1]).__enter__()\n"
-         "worker = multiprocessing.get_context('fork').Process(target=time.sleep, args=(120,))\n"
-         "worker.start()\n"
-         "print(worker.pid, flush=True)\n"
-         "time.sleep(120)\n", str(run_dir)],
-        cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    holder = children.python(
+        "-c", "import multiprocessing, sys, time\n"
+        "from rl_graphstep.rundir import RunLock\n"
+        "RunLock(sys.argv[1]).__enter__()\n"
+        "worker = multiprocessing.get_context('fork').Process(target=time.sleep, args=(120,))\n"
+        "worker.start()\n"
+        "print(worker.pid, flush=True)\n"
+        "time.sleep(120)\n", str(run_dir), cwd=ROOT, stdout=subprocess.PIPE, text=True)
     worker = None
     try:
         worker = int(holder.stdout.readline())
@@ -342,10 +348,7 @@ def test_the_lock_of_a_killed_training_is_free(tmp_path: Path,
         os.kill(worker, 0)  # the forked process still lives
         with RunLock(run_dir):
             pass
-    finally:
-        holder.kill()
-        holder.wait(timeout=30)
-        holder.stdout.close()
+    finally:  # the holder is ended with the test (children); its forked worker here
         if worker is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(worker, signal.SIGKILL)

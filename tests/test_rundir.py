@@ -10,11 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from processtools import run_python
 
 from rl_graphstep import rundir
+from rl_graphstep.checkpoint import load_checkpoint
 from rl_graphstep.config import Config
 from rl_graphstep.errors import RLGraphstepError, RunFolderError
+from rl_graphstep.evaluate import main as evaluate_main
+from rl_graphstep.flags import load_config
 from rl_graphstep.rundir import RunLock, claim_run_dir, run_name, seeds_label
+from rl_graphstep.train import main, train
 
 
 @pytest.fixture
@@ -145,3 +150,91 @@ def test_a_long_seed_list_is_shortened_in_the_name() -> None:
     many = tuple(range(10**9, 10**9 + 40, 2))
     assert seeds_label(many) == f"{10**9}_{10**9 + 2}_and_18_more"
     assert len(run_name(Config(seeds=many))) < 100
+
+
+# ----------------------------------------------------------------------------- checked at start
+
+# A tiny run into runs/x (as in_tmp names it), from the current folder.
+RUN_X = ["--env", "Pendulum-v1", "--device", "cpu", "--learning-starts", "100", "--batch-size",
+         "32", "--hidden-sizes", "16", "--no-progress", "--log-dir", "runs", "--run-name", "x"]
+
+
+def test_a_checkpoints_file_in_the_way_stops_the_run_before_it_trains(tmp_path: Path) -> None:
+    """It used to train the whole span and fail at the first save (``File exists``)."""
+    run = tmp_path / "runs" / "x"
+    run.mkdir(parents=True)
+    (run / "checkpoints").write_text("mine")
+    result = run_python("-m", "rl_graphstep.train", *RUN_X, "--total-timesteps", "300",
+                        cwd=tmp_path, capture_output=True, text=True)
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == ("error: cannot write checkpoints: runs/x/checkpoints is a file, "
+                             "not a folder; move it away or pick another --log-dir or "
+                             "--run-name\n")
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints"]  # nothing else written
+    assert (run / "checkpoints").read_text() == "mine"
+
+
+def refusing_folder(tmp_path: Path) -> Path:
+    """A folder that refuses new files: read-only to its owner, or for root (whom permissions
+    do not stop) sysfs, which takes no new file from anyone."""
+    if os.geteuid() != 0:
+        folder = tmp_path / "read-only"
+        folder.mkdir(mode=0o555)
+        return folder
+    try:
+        (Path("/sys") / "rl_graphstep_probe").touch()
+    except OSError:
+        return Path("/sys")
+    pytest.skip("no folder here refuses a new file to root")
+
+
+def test_a_checkpoints_folder_that_refuses_files_stops_the_run_at_the_start(
+        in_tmp: Path, tmp_path: Path) -> None:
+    in_tmp.mkdir(parents=True)
+    (in_tmp / "checkpoints").symlink_to(refusing_folder(tmp_path))
+    with pytest.raises(RunFolderError, match=r"^cannot write checkpoints into runs/x/"
+                                             r"checkpoints \(Permission denied\); make it "
+                                             r"writable or pick another --log-dir or "
+                                             r"--run-name$"):
+        train(load_config([*RUN_X, "--total-timesteps", "300"]))
+    assert not list(in_tmp.glob("events.*"))
+
+
+def test_a_resumed_run_whose_checkpoints_cannot_be_written_stops_at_the_start(
+        in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    train(load_config([*RUN_X, "--total-timesteps", "150"]))
+    capsys.readouterr()
+
+    def refused(**_: Any) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied")
+
+    # As a folder made read-only would (permissions do not stop root, who may run this).
+    monkeypatch.setattr(rundir, "tempfile", type(os)("tempfile"))
+    monkeypatch.setattr(rundir.tempfile, "NamedTemporaryFile", refused, raising=False)
+    assert main(["--resume", "runs/x", "--total-timesteps", "300"]) == 2
+    assert capsys.readouterr() == ("", "error: cannot write checkpoints into runs/x/checkpoints "
+                                       "(Permission denied); make it writable\n")
+    assert load_checkpoint("runs/x")["global_step"] == 150
+
+
+def test_videos_that_cannot_be_written_stop_evaluate_before_its_episodes(
+        in_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    train(load_config([*RUN_X, "--total-timesteps", "150"]))
+    (in_tmp / "videos").write_text("mine")
+    capsys.readouterr()
+    assert evaluate_main(["runs/x", "--episodes", "1", "--video", "--device", "cpu"]) == 2
+    assert capsys.readouterr() == ("", "error: cannot write videos: runs/x/videos is a file, "
+                                       "not a folder; move it away or evaluate without "
+                                       "--video\n")
+
+
+def test_a_broken_link_for_a_folder_is_named_with_its_target(in_tmp: Path) -> None:
+    in_tmp.mkdir(parents=True)
+    (in_tmp / "checkpoints").symlink_to("/no/such/disk")
+    with pytest.raises(RunFolderError, match=r"^cannot write checkpoints: runs/x/checkpoints "
+                                             r"is a link to /no/such/disk, which does not "
+                                             r"exist; make that folder or remove the link$"):
+        rundir.check_writable_folder(in_tmp / "checkpoints", "checkpoints")
+    rundir.check_writable_folder(in_tmp / "videos", "videos")  # made in a writable folder
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["checkpoints"]  # the probe is gone

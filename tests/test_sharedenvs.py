@@ -14,6 +14,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from gymnasium.vector import AutoresetMode
+from processtools import Children
 
 import rl_graphstep.sharedenvs as sharedenvs
 from rl_graphstep.envs import make_vec_env
@@ -199,9 +200,9 @@ def test_it_does_not_pickle() -> None:
         shared.close()
 
 
-def test_workers_exit_when_the_training_process_is_killed(tmp_path: Path) -> None:
+def test_workers_exit_when_the_training_process_is_killed(tmp_path: Path,
+                                                          children: Children) -> None:
     import subprocess
-    import sys
 
     script = tmp_path / "owner.py"
     script.write_text(
@@ -211,11 +212,11 @@ def test_workers_exit_when_the_training_process_is_killed(tmp_path: Path) -> Non
         "envs.reset(seed=0)\n"
         "print(*(p.pid for p in envs._processes), flush=True)\n"
         "time.sleep(60)\n")
-    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    owner = children.python(str(script), stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
     assert owner.stdout is not None
     workers = [int(pid) for pid in owner.stdout.readline().split()]
-    owner.kill()
+    owner.kill()  # SIGKILL, the owner alone; the test's end kills its group (children)
     owner.wait()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(_running(pid) for pid in workers):

@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from processtools import Children
 
 from rl_graphstep.checkpoint import load_checkpoint
 from rl_graphstep.rundir import LOCK_FILE
@@ -46,7 +46,8 @@ def _catches(pid: int, signum: int) -> bool:
     ids=["pendulum-int", "walker2d-int", "humanoid-int", "walker2d-term"])
 def test_a_signal_to_the_group_stops_a_compiled_gpu_run_cleanly(algo: str, env_id: str,
                                                                 signum: int,
-                                                                tmp_path: Path) -> None:
+                                                                tmp_path: Path,
+                                                                children: Children) -> None:
     if env_id != "Pendulum-v1":
         pytest.importorskip("mujoco")
     args = ["--algo", algo, "--env", env_id, "--device", "cuda", "--num-seeds", "5",
@@ -56,18 +57,14 @@ def test_a_signal_to_the_group_stops_a_compiled_gpu_run_cleanly(algo: str, env_i
             "--log-dir", str(tmp_path), "--run-name", "run", "--no-progress"]
     log = tmp_path / "stderr.log"
     with log.open("wb") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", "rl_graphstep.train", *args],
-                                   cwd=ROOT, stdout=stderr, stderr=stderr,
-                                   start_new_session=True)
-        try:
-            _wait_for(log, "updates:", process, 300)  # learning, the updates built
-            time.sleep(10)
-            caught = _catches(process.pid, signum)
-            os.killpg(process.pid, signum)  # a terminal's Ctrl-C reaches the whole group
-            process.wait(timeout=180)
-        finally:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
+        # Its own process group (processtools), killed whole when the test ends.
+        process = children.python("-m", "rl_graphstep.train", *args, cwd=ROOT, stdout=stderr,
+                                  stderr=stderr)
+        _wait_for(log, "updates:", process, 300)  # learning, the updates built
+        time.sleep(10)
+        caught = _catches(process.pid, signum)
+        os.killpg(process.pid, signum)  # a terminal's Ctrl-C reaches the whole group
+        process.wait(timeout=180)
     text = log.read_text(errors="replace")
     name = signal.Signals(signum).name
     assert caught, f"{name} had no handler when it was sent: {text}"

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
+
+from processtools import run_python
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = '''
@@ -29,15 +30,16 @@ def run_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess:
     """pytest with this project's pyproject.toml and tests/conftest.py on two stand-in tests
     that outlast a short `faulthandler_timeout`."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # the conftest imports this rl_graphstep
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-o",
-                           "faulthandler_timeout=0.2", *args], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return run_python("-m", "pytest", "-p", "no:cacheprovider", "-o",
+                      "faulthandler_timeout=0.2", *args, cwd=folder, env=env,
+                      capture_output=True, text=True, timeout=120)
 
 
 def test_slow_tests_run_on_request_only_and_without_the_timeout_dump(tmp_path: Path) -> None:
     (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
     (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
+    for name in ("conftest.py", "processtools.py"):  # the conftest imports processtools
+        (tmp_path / "tests" / name).write_text((ROOT / "tests" / name).read_text())
     (tmp_path / "tests" / "test_stand_in.py").write_text(TESTS)
 
     plain = run_pytest(tmp_path)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from processtools import Children, run
 
 from rl_graphstep.checkpoint import checkpoint_step, list_checkpoints
 from rl_graphstep.cli import suggested_command
@@ -182,18 +183,9 @@ def test_a_failed_trial_is_retried_from_its_last_checkpoint(
     assert [e.step for e in events.Scalars("charts/SPS")] == [100, 200, 300, 400]
 
 
-def default_stop_signals() -> None:
-    """In a test's child, before it runs: the stop signals act as they do by default, whatever
-    the test's own process was started with (``nohup`` ignores SIGHUP, ``cmd &`` SIGINT)."""
-    import signal
-
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_DFL)
-
-
 @pytest.mark.parametrize("how", ["kill -9", "SIGINT", "SIGTERM", "SIGTERM to the group"])
 def test_a_driver_stopped_mid_sweep_resumes_and_every_trial_finishes_once(
-        how: str, tmp_path: Path) -> None:
+        how: str, tmp_path: Path, children: Children) -> None:
     """kill -9 of the driver's process group (its local Ray with it), a Ctrl-C or SIGTERM to
     the driver, or a SIGTERM to its whole process group (``timeout``, a batch system), after
     which it stops cleanly with one line; the command that line gives, run as printed,
@@ -213,40 +205,35 @@ def test_a_driver_stopped_mid_sweep_resumes_and_every_trial_finishes_once(
     root = Path(__file__).parents[1]
     env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     command = [sys.executable, "-m", "rl_graphstep.sweep", "grid.yaml", "--log-dir", "runs"]
-    driver = subprocess.Popen(command, cwd=tmp_path, env=env, start_new_session=True,
-                              preexec_fn=default_stop_signals, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
+    # Its own process group (processtools), its local Ray in it, killed when the test ends.
+    driver = children.start(command, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
     sweep = tmp_path / "runs" / "grid"
-    try:
-        deadline = time.monotonic() + 120
-        # Stopped once some trial has checkpointed (others may have finished or not started).
-        while time.monotonic() < deadline and not list(sweep.glob("*/checkpoints/step_*400.pt")):
-            time.sleep(0.2)
-        if how == "kill -9":
-            os.killpg(driver.pid, signal.SIGKILL)  # the driver, and Ray's processes after it
-            driver.communicate(timeout=60)
-            resume = [*command, "--resume"]
+    deadline = time.monotonic() + 120
+    # Stopped once some trial has checkpointed (others may have finished or not started).
+    while time.monotonic() < deadline and not list(sweep.glob("*/checkpoints/step_*400.pt")):
+        time.sleep(0.2)
+    if how == "kill -9":
+        os.killpg(driver.pid, signal.SIGKILL)  # the driver, and Ray's processes after it
+        driver.communicate(timeout=60)
+        resume = [*command, "--resume"]
+    else:
+        signum = signal.SIGINT if how == "SIGINT" else signal.SIGTERM
+        if how == "SIGTERM to the group":
+            os.killpg(driver.pid, signum)
         else:
-            signum = signal.SIGINT if how == "SIGINT" else signal.SIGTERM
-            if how == "SIGTERM to the group":
-                os.killpg(driver.pid, signum)
-            else:
-                driver.send_signal(signum)
-            _, stderr = driver.communicate(timeout=120)
-            assert driver.returncode == 128 + signum, stderr[-2000:]
-            assert "Traceback" not in stderr
-            last = stderr.splitlines()[-1]
-            printed = suggested_command("rl_graphstep.sweep", "grid.yaml", "--log-dir", "runs",
-                                        "--resume")
-            assert last.endswith(f"trials unfinished; continue with: {printed}"), stderr[-2000:]
-            assert "Tuner.restore" not in stderr  # Tune's own advice, not a command to run
-            resume = shlex.split(printed)
-        assert not (sweep / "results.csv").exists()
-        resumed = subprocess.run(resume, cwd=tmp_path, env=env, capture_output=True, text=True,
-                                 timeout=300)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(driver.pid, signal.SIGKILL)
+            driver.send_signal(signum)
+        _, stderr = driver.communicate(timeout=120)
+        assert driver.returncode == 128 + signum, stderr[-2000:]
+        assert "Traceback" not in stderr
+        last = stderr.splitlines()[-1]
+        printed = suggested_command("rl_graphstep.sweep", "grid.yaml", "--log-dir", "runs",
+                                    "--resume")
+        assert last.endswith(f"trials unfinished; continue with: {printed}"), stderr[-2000:]
+        assert "Tuner.restore" not in stderr  # Tune's own advice, not a command to run
+        resume = shlex.split(printed)
+    assert not (sweep / "results.csv").exists()
+    resumed = run(resume, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     with (sweep / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
@@ -258,12 +245,12 @@ def test_a_driver_stopped_mid_sweep_resumes_and_every_trial_finishes_once(
 
 
 @pytest.mark.slow
-def test_a_sweep_on_a_two_node_cluster_retries_a_killed_worker(tmp_path: Path) -> None:
+def test_a_sweep_on_a_two_node_cluster_retries_a_killed_worker(tmp_path: Path,
+                                                              children: Children) -> None:
     """A real cluster on loopback, started and stopped by this test with Ray's own commands:
     a head and a second node of one CPU each. The trials run on both, and the one whose worker
     process is killed is retried from its checkpoint and finishes."""
     pytest.importorskip("ray.tune")
-    import contextlib
     import signal
     import socket
     import subprocess
@@ -284,15 +271,16 @@ def test_a_sweep_on_a_two_node_cluster_retries_a_killed_worker(tmp_path: Path) -
     env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "RAY_AUTH_MODE": "disabled"}
     try:
+        # Not processtools' run: it would kill the nodes `ray start` leaves in its group.
         subprocess.run([ray, "start", "--head", "--node-ip-address", "127.0.0.1", "--port",
                         str(port), "--include-dashboard", "false", *common], check=True,
-                       env=env, capture_output=True, timeout=120)
+                       env=env, capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
         subprocess.run([ray, "start", "--address", address, *common], check=True, env=env,
-                       capture_output=True, timeout=120)
-        driver = subprocess.Popen(
-            [sys.executable, "-m", "rl_graphstep.sweep", "grid.yaml", "--log-dir", "runs",
-             "--address", address, "--max-failures", "2"],
-            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                       capture_output=True, timeout=120, stdin=subprocess.DEVNULL)
+        driver = children.python(
+            "-m", "rl_graphstep.sweep", "grid.yaml", "--log-dir", "runs", "--address", address,
+            "--max-failures", "2", cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
         sweep = tmp_path / "runs" / "grid"
         killed = None  # the trial id whose training process was killed
         deadline = time.monotonic() + 180
@@ -321,7 +309,8 @@ def test_a_sweep_on_a_two_node_cluster_retries_a_killed_worker(tmp_path: Path) -
         # the folder holding a run with checkpoints).
         assert killed in {r["trial"] for r in rows}
     finally:
-        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120)
+        subprocess.run([ray, "stop", "--force"], env=env, capture_output=True, timeout=120,
+                       stdin=subprocess.DEVNULL)
 
 
 def test_optuna_picks_the_sampled_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import gc
 import os
 import subprocess
-import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from processtools import run_python
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rl_graphstep import runsetup
@@ -107,8 +107,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     """The command line as a user runs it, from the repository root."""
-    return subprocess.run([sys.executable, "-m", "rl_graphstep.train", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return run_python("-m", "rl_graphstep.train", *args, cwd=ROOT, capture_output=True,
+                      text=True, timeout=300)
 
 
 def test_the_last_transition_is_written_while_the_next_action_is_computed(
