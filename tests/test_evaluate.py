@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from fakes import SpaceBreaker
+from processtools import run
 
 from rl_graphstep import evaluate as evaluate_module
 from rl_graphstep import train
@@ -268,16 +269,16 @@ def test_evaluate_and_resume_from_another_folder_say_the_same_line(plain_run: Pa
                                                                    tmp_path: Path) -> None:
     """One env-making path for both: evaluate's was a ModuleNotFoundError traceback. The
     processes as a user runs them, from a folder that does not hold plain_envs.py."""
-    run = plain_run / "runs" / "plain"
-    before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    run_dir = plain_run / "runs" / "plain"
+    before = {p.name: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()}
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    for command in (["rl_graphstep.evaluate", str(run), "--device", "cpu"],
-                    ["rl_graphstep.train", "--resume", str(run), "--total-timesteps", "400"]):
+    for command in (["rl_graphstep.evaluate", str(run_dir), "--device", "cpu"],
+                    ["rl_graphstep.train", "--resume", str(run_dir), "--total-timesteps", "400"]):
         done = run([sys.executable, "-m", *command], cwd=tmp_path, env=env,
                    capture_output=True, text=True, timeout=120)
         process, err = done, done.stderr
         assert (process.returncode, err) == (2, NOT_IMPORTED), command
-    assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == before
+    assert {p.name: p.read_bytes() for p in (run_dir / "checkpoints").iterdir()} == before
 
 
 @pytest.mark.filterwarnings("ignore:.*Overriding environment Plain-v0")  # imported again
