@@ -6,6 +6,8 @@ processtools), and `slow` tests (minutes of training) run without the stack dump
 from __future__ import annotations
 
 import faulthandler
+import signal
+import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -13,6 +15,7 @@ import torch
 from processtools import Children
 
 from rl_graphstep import threads
+from rl_graphstep.errors import STOP_SIGNALS
 from rl_graphstep.threads import user_chose_threads
 
 
@@ -63,3 +66,20 @@ def children() -> Iterator[Children]:
         yield started
     finally:
         started.end_all()
+
+
+@pytest.fixture(autouse=True)
+def stop_signal_handlers(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test starts with the stop signals' handlers the one before it found: a handler
+    left behind (an ignored SIGTERM, say) changes what the next test in the same process sees.
+    One that changed is put back, with a warning that names the test that left it."""
+    before = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    yield
+    changed = [signal.Signals(s).name for s, handler in before.items()
+               if signal.getsignal(s) is not handler]
+    for signum, handler in before.items():
+        if handler is not None:  # None: set outside Python, not restorable from here
+            signal.signal(signum, handler)
+    if changed:
+        warnings.warn(f"{request.node.nodeid} left the handlers of {', '.join(changed)} "
+                      "changed (put back)", stacklevel=1)
