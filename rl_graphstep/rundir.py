@@ -308,3 +308,32 @@ def clean_partial_saves(run_dir: Path) -> PartialSaves | None:
     what was deleted, None when nothing was."""
     removed = remove_partial_saves(run_dir)
     return removed if removed.files else None
+
+
+EVENT_FILES = "events.out.tfevents.*"
+EARLIER_START = "earlier_start"
+
+
+def set_aside_earlier_logs(run_dir: Path) -> Path | None:
+    """Move the event files that an earlier run in the (owned) ``run_dir`` left, one that
+    ended before its first checkpoint, into ``earlier_start[_N]/`` with their layout kept;
+    return that folder, None when there were none.
+
+    A run started again under the same name starts at step 0: left in place, its old event
+    files would make tensorboard draw both runs as one curve that repeats its steps. Moved,
+    not deleted, they show as a run of their own beside it."""
+    def earlier(path: Path) -> bool:
+        return path.relative_to(run_dir).parts[0].startswith(EARLIER_START)
+
+    found = [path for path in run_dir.rglob(EVENT_FILES) if not earlier(path)]
+    if not found:
+        return None
+    folder, n = run_dir / EARLIER_START, 1
+    while folder.exists():  # a third start, and so on
+        n += 1
+        folder = run_dir / f"{EARLIER_START}_{n}"
+    for path in found:
+        target = folder / path.relative_to(run_dir)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+    return folder

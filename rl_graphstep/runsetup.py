@@ -49,6 +49,7 @@ from rl_graphstep.rundir import (
     clean_partial_saves,
     own_run_dir,
     run_dir_of,
+    set_aside_earlier_logs,
 )
 from rl_graphstep.runlog import RunLog
 from rl_graphstep.runstate import Progress, restore_run, resumed_config
@@ -153,11 +154,16 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     cfg, custom = record_networks(cfg, run_dir, actor or cfg.actor, _first(actor_net),
                                   critic or cfg.critic, _first(critic_net), observation_space,
                                   action_space)
+    # A named run started again after one that ended before its first checkpoint: moved
+    # once nothing else can stop the start.
+    earlier = set_aside_earlier_logs(run_dir) if resumed is None and not by_clock else None
     log = RunLog.open(cfg, run_dir, progress.global_step, resumed=bool(resumed))
     first_line = (f"{run_dir}: {cfg.algo.upper()} on {cfg.env_id}, {device}; "
                   f"{buffer.describe()}" + describe_networks(custom)
                   + (f"; resumed at step {progress.global_step}{changes}" if resumed else "")
                   + (f"; later checkpoints moved to {set_aside}" if set_aside else "")
+                  + (f"; the logs of an earlier start, which saved no checkpoint, moved to "
+                     f"{earlier}" if earlier else "")
                   + (f"; {removed.describe()}" if removed else ""))
     return Run(cfg, run_dir, progress, learner, collector, plan, log,
                LoopClock(progress.global_step), first_line,

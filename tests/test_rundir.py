@@ -238,3 +238,32 @@ def test_a_broken_link_for_a_folder_is_named_with_its_target(in_tmp: Path) -> No
         rundir.check_writable_folder(in_tmp / "checkpoints", "checkpoints")
     rundir.check_writable_folder(in_tmp / "videos", "videos")  # made in a writable folder
     assert sorted(p.name for p in in_tmp.iterdir()) == ["checkpoints"]  # the probe is gone
+
+
+@pytest.mark.parametrize("seeds", [1, 2])
+def test_a_run_started_again_after_one_that_saved_nothing_logs_each_step_once(
+        in_tmp: Path, capsys: pytest.CaptureFixture[str], seeds: int) -> None:
+    """The first run's event files (a run killed before its first checkpoint: here its
+    checkpoints removed) move to earlier_start/ with their layout; the new run's curves count
+    each step once, as a sweep's restarted trial's do."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    args = [*RUN_X, "--total-timesteps", "300", "--num-seeds", str(seeds)]
+    assert main(args) == 0
+    for checkpoint in (in_tmp / "checkpoints").iterdir():
+        checkpoint.unlink()
+    before = sorted(p.relative_to(in_tmp) for p in in_tmp.rglob("events.out.tfevents.*"))
+    capsys.readouterr()
+    assert main(args) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.endswith("; the logs of an earlier start, which saved no checkpoint, moved "
+                          "to runs/x/earlier_start")
+    moved = sorted(p.relative_to(in_tmp / "earlier_start")
+                   for p in (in_tmp / "earlier_start").rglob("events.out.tfevents.*"))
+    assert moved == before and len(moved) == (1 if seeds == 1 else 1 + seeds)
+    curve = in_tmp if seeds == 1 else in_tmp / "seed_1"
+    events = EventAccumulator(str(curve))
+    events.Reload()
+    steps = [e.step for e in events.Scalars("charts/episodic_return")]
+    assert steps == sorted(set(steps)) and steps[-1] == 200  # one episode of 200 steps
+    assert main(args) == 2  # it has checkpoints now: continued, not started again
