@@ -101,8 +101,6 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
         # Checked now, not found at the first save after the whole span has trained.
         check_writable_folder(run_dir / CHECKPOINT_DIR, "checkpoints", "" if cfg.resume
                               else " or pick another --log-dir or --run-name")
-    # Resumed from an older checkpoint: the later ones belong to the abandoned timeline.
-    set_aside = set_aside_later(run_dir, int(resumed["global_step"])) if resumed else None
     removed = None if by_clock else clean_partial_saves(run_dir)
     start_step = int(resumed["global_step"]) if resumed else 0
     plan = plan_run(cfg, device, updates_ahead=updates_ahead(
@@ -139,6 +137,9 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
         # Seed k's env i gets seed_k + i: the seed a run of seed k alone gives it.
         observations = first_reset(envs, seeds[0] if len(seeds) == 1 else
                                    [s + i for s in seeds for i in range(cfg.num_envs)])
+    # Resumed from an older checkpoint: the later ones belong to the abandoned timeline. Moved
+    # once the checkpoint is restored, so a resume refused on the way leaves them be.
+    set_aside = set_aside_later(run_dir, int(resumed["global_step"])) if resumed else None
     collector = Collector(envs, observations, buffer, progress.nonfinite,
                           seed_tallies=progress.tallies if progress.grouped else ())
     if resumed is not None and learner.updates > 0 and len(buffer) < cfg.batch_size:

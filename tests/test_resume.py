@@ -378,3 +378,19 @@ def test_partial_saves_of_killed_runs_are_removed_at_start_and_resume(
     assert start.endswith("; resumed at step 300; removed 2 partial checkpoint files (5 MB)")
     assert sorted(p.name for p in folder.iterdir()) == [
         "notes.tmp", "step_000000000300.pt", "step_000000000400.pt"]
+
+
+def test_a_refused_resume_of_an_older_checkpoint_moves_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Refused once the networks are built (sizes other than the run's), the resume leaves the
+    later checkpoints where they were: they were set aside before it was refused."""
+    args = [*SMALL, "--log-dir", str(tmp_path), "--run-name", "run", "--checkpoint-every",
+            "100", "--keep-checkpoints", "5"]
+    train(load_config([*args, "--total-timesteps", "300"]))
+    before = [p.name for p in list_checkpoints(tmp_path / "run")]
+    first = list_checkpoints(tmp_path / "run")[0]
+    capsys.readouterr()
+    assert main(["--resume", str(first), "--hidden-sizes", "8"]) == 2
+    assert "hidden" in capsys.readouterr().err
+    assert [p.name for p in list_checkpoints(tmp_path / "run")] == before
+    assert not list((tmp_path / "run" / "checkpoints").glob("abandoned_after_*"))
