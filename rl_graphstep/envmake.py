@@ -16,7 +16,7 @@ from gymnasium.envs.registration import EnvSpec, load_env_creator
 
 from rl_graphstep.envcheck import SpaceCheck
 from rl_graphstep.errors import EnvError, RLGraphstepError, first_line, user_location
-from rl_graphstep.plugins import _import_from_here
+from rl_graphstep.plugins import import_from_here
 
 __all__ = ["declared_render_modes", "env_errors", "import_env_module", "make_env"]
 
@@ -91,7 +91,7 @@ def import_env_module(env_id: str) -> None:
         raise EnvError(f"environment id {env_id!r} must be EnvId or module:EnvId "
                        "(one ':' between a module and a registered id)")
     try:
-        _import_from_here(module)
+        import_from_here(module)
     except Exception as exc:  # any error of the user's module, SyntaxError included
         hint = ""
         if isinstance(exc, ImportError) and exc.name == module.split(".")[0]:

@@ -20,6 +20,7 @@ from rl_graphstep.errors import ConfigError, user_location
 __all__ = [
     "NetworkSpec",
     "build_network",
+    "import_from_here",
     "load_class",
     "load_network_classes",
 ]
@@ -85,7 +86,7 @@ def _is_file_path(location: str) -> bool:
 
 def _import_module(spec: str, module_name: str) -> Any:
     try:
-        return _import_from_here(module_name)
+        return import_from_here(module_name)
     except ImportError as error:
         hint = ""
         if error.name == module_name.split(".")[0]:
@@ -108,7 +109,7 @@ def _raised(error: BaseException) -> str:
     return f"{type(error).__name__}: {_first_line(error)}" + (f" (at {where})" if where else "")
 
 
-def _import_from_here(module_name: str) -> Any:
+def import_from_here(module_name: str) -> Any:
     """Import ``module_name``, also from the current directory: ``python -m`` puts it on
     ``sys.path`` but a console script (``rl-graphstep-train``) does not, and a spec such as
     ``examples.residual_actor:ResidualActor`` should work from either."""
