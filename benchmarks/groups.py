@@ -6,7 +6,7 @@ shipped `configs/*_mujoco.yaml`) trained one after another, each to 1M env steps
     python benchmarks/table.py collect runs/sac_ant ...  # then the table (see table.py)
 
 Groups run one at a time: processes on one GPU take turns on it, so groups side by side make
-fewer env steps in all than one after another (benchmarks/README.md). A group already in
+fewer env steps in all than one after another (benchmarks/LOG.md). A group already in
 ``--log-dir`` goes on from its latest checkpoint and one that has reached its length is left
 alone, so the same command, run again, finishes what a time-limited job left. A job ends
 as a finished run does (its checkpoint and replay buffer saved), never by a signal, and the

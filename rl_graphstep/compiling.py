@@ -16,7 +16,7 @@ import torch
 
 from rl_graphstep.capture import describe_error, root_cause
 
-# Measured on an H200 (benchmarks/README.md): compiling SAC's two steps and its target update
+# Measured on an H200 (benchmarks/LOG.md): compiling SAC's two steps and its target update
 # took 26-36 s in a fresh process (10-16 s with the compiler's on-disk cache warm), and saved
 # about 440 µs per update (783 -> 342 µs). The estimate below takes a cold compile and a
 # rounded-down saving, so "auto" compiles only where it surely pays.

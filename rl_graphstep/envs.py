@@ -116,7 +116,7 @@ def first_reset(envs: VectorEnv, seed: int | list[int]) -> np.ndarray:
 class OneEnvVector(SyncVectorEnv):
     """A SAME_STEP ``SyncVectorEnv`` of one env whose ``step`` skips the batching made for
     many (iterating the batched actions, concatenating into a buffer, deep-copying it): the
-    same results in less time (benchmarks/README.md has the figures). Everything else
+    same results in less time (benchmarks/LOG.md has the figures). Everything else
     (reset, spaces, close, pickling) is ``SyncVectorEnv``'s."""
 
     def step(self, actions: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:

@@ -92,7 +92,7 @@ def plan_run(cfg: Config, device: torch.device, *, updates_ahead: int,
 
 
 # Below this many CPUs the shared env's workers would step the envs in turn, as sync does
-# (benchmarks/README.md, vec_envs.py: one worker on 2 CPUs measured as sync).
+# (benchmarks/LOG.md, vec_envs.py: one worker on 2 CPUs measured as sync).
 SHARED_ENV_MIN_CPUS = 4
 
 

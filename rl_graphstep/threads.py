@@ -4,7 +4,7 @@ Torch starts with one intra-op thread per physical core. Eager updates of the bu
 networks are small matrix products (batch 256, 256 units): on a busy CPU each parallel region
 waits for worker threads that other processes have pushed off their cores, and a busy 2-CPU
 machine ran SAC's and TD3's updates 8-28x slower with two threads than with one
-(``benchmarks/cpu_threads.py``; the table is in ``benchmarks/README.md``). One thread is the
+(``benchmarks/cpu_threads.py``; the table is in ``benchmarks/LOG.md``). One thread is the
 robust default; a count the user chose is kept.
 """
 
