@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import subprocess
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -260,7 +261,8 @@ def test_runs_named_in_the_same_second_get_a_folder_each(
     args = ["--env", "Pendulum-v1", "--log-dir", str(tmp_path), *SHORT]
     first = train(load_config([*args, "--seed", "1"]))
     second = train(load_config([*args, "--seed", "1", "--total-timesteps", "300"]))
-    name = "Pendulum-v1__sac__1__1796014201"
+    name = "Pendulum-v1__sac__1__" + time.strftime("%Y-%m-%d_%H-%M-%S",
+                                                    time.localtime(1796014201.5))
     assert [Path(first["run_dir"]).name, Path(second["run_dir"]).name] == [name, f"{name}_2"]
     assert load_checkpoint(tmp_path / name)["global_step"] == 400
     assert load_checkpoint(tmp_path / f"{name}_2")["global_step"] == 300
