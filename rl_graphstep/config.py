@@ -70,7 +70,7 @@ class Config:
     device: str = option("auto", "where to train: auto (cuda if available), cpu or cuda")
     graph: str = option("auto", "captured CUDA-graph updates: auto (on with cuda), on or off")
     run_name: str | None = option(
-        None, "run folder under --log-dir; None: {env_id}__{algo}__{seed}__{unix time}"
+        None, "run folder under --log-dir; None: {env_id}__{algo}__{seed}__{date_time}"
     )
     log_dir: str = option("runs", "folder that holds the tensorboard run folders")
     compile: str = option(

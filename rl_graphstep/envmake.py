@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,7 +19,28 @@ from rl_graphstep.envcheck import SpaceCheck
 from rl_graphstep.errors import EnvError, RLGraphstepError, first_line, user_location
 from rl_graphstep.plugins import import_from_here
 
-__all__ = ["declared_render_modes", "env_errors", "import_env_module", "make_env"]
+__all__ = ["declared_render_modes", "env_errors", "import_env_module", "make_env",
+           "quiet_known_warnings"]
+
+# MuJoCo deprecated the MJCF compiler's ``settotalmass`` attribute, which gymnasium's own model
+# files still use (``half_cheetah.xml``; gymnasium's code sets no mass itself), and its Python
+# bindings pass the compiler's warnings on as Python warnings: one in every process that makes
+# an env, dozens of lines at a run's start about files the user cannot change. Matched by both
+# words, in any case and order, so that a rewording still matches.
+_SETTOTALMASS = r"(?is)(?=.*\bsettotalmass\b)(?=.*deprecat)"
+
+
+def quiet_known_warnings() -> None:
+    """Hide the warnings of this process that no user can act on: MuJoCo's deprecation of
+    ``settotalmass``, only it (other warnings, of MuJoCo's too, still show). Called wherever an
+    env is made (``make_env``): in the run's process, and in each env worker, whose filters
+    are its own where it was spawned rather than forked. Added only where missing: each change
+    to the filters makes Python show every warning it has shown once already again."""
+    present = {(f[1].pattern, f[2]) for f in warnings.filters
+               if f[0] == "ignore" and f[1] is not None}
+    for category in (UserWarning, DeprecationWarning):
+        if (_SETTOTALMASS, category) not in present:
+            warnings.filterwarnings("ignore", message=_SETTOTALMASS, category=category)
 
 
 def make_env(env_id: str, **kwargs: Any) -> gym.Env:
@@ -32,6 +54,7 @@ def make_env(env_id: str, **kwargs: Any) -> gym.Env:
         EnvError: one line for a module that does not import, an unknown id (with the closest
             registered one), a missing MuJoCo or other package, or a constructor that fails.
     """
+    quiet_known_warnings()
     spec = env_spec(env_id)
     checked = dataclasses.replace(spec, entry_point=_CheckedCreator(spec.entry_point, env_id))
     with env_errors(env_id):

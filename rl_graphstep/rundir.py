@@ -28,16 +28,25 @@ LOCK_FILE = ".lock"
 """The file in a run folder that its owning training process holds a lock on."""
 
 
+CLOCK_FORMAT = "%Y-%m-%d_%H-%M-%S"
+"""The local date and time that ends a run folder's default name: ``2026-12-06_01-23-45``.
+Read and sorted as it is (names of one env, algorithm and seed sort by start), and with no
+``:``, which Windows refuses in a file name and ``module:Class`` specs would split on."""
+
+
 def run_name(cfg: Config) -> str:
-    """`cfg.run_name`, or CleanRL's `{env_id}__{algo}__{seed}__{unix time}`; a seed group's
-    `{env_id}__{algo}__seeds_{seeds_label}__{unix time}`."""
+    """`cfg.run_name`, or CleanRL's `{env_id}__{algo}__{seed}__{local date and time}`
+    (``Pendulum-v1__sac__1__2026-12-06_01-23-45``); a seed group's
+    `{env_id}__{algo}__seeds_{seeds_label}__{local date and time}`. (Older runs end in the
+    Unix time instead; nothing reads the name, so they resume and evaluate as before.)"""
     if cfg.run_name:
         return cfg.run_name
     # A namespaced id ("ALE/Pong-v5") would otherwise nest the run one folder deeper.
     env = cfg.env_id.replace("/", "-")
     seeds = cfg.seed_list
     seed = f"seeds_{seeds_label(seeds)}" if len(seeds) > 1 else str(seeds[0])
-    return f"{env}__{cfg.algo}__{seed}__{int(time.time())}"
+    started = time.strftime(CLOCK_FORMAT, time.localtime(time.time()))
+    return f"{env}__{cfg.algo}__{seed}__{started}"
 
 
 # A group's seeds spelled out in its folder name up to this many characters.

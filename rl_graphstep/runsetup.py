@@ -162,6 +162,8 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     first_line = (f"{run_dir}: {cfg.algo.upper()} on {cfg.env_id}, {device}; "
                   f"{buffer.describe()}" + describe_networks(custom)
                   + (f"; resumed at step {progress.global_step}{changes}" if resumed else "")
+                  + (_refill_note(cfg, progress.global_step, len(buffer))
+                     if resumed is not None and resumed.get("buffer") is None else "")
                   + (f"; later checkpoints moved to {set_aside}" if set_aside else "")
                   + (f"; the logs of an earlier start, which saved no checkpoint, moved to "
                      f"{earlier}" if earlier else "")
@@ -169,6 +171,18 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     return Run(cfg, run_dir, progress, learner, collector, plan, log,
                LoopClock(progress.global_step), first_line,
                resumed.get("staged_actor") if resumed else None)
+
+
+def _refill_note(cfg: Config, step: int, stored: int) -> str:
+    """What the first line of a run resumed without its replay buffer says: that its updates
+    wait until the buffer holds a batch again, and for how many steps; nothing when they would
+    not have run in that time anyway (before ``learning_starts``) or the run is done."""
+    # Each step stores num_envs rows per seed; a batch is batch_size rows of each seed.
+    steps = -(-(cfg.batch_size - stored) // cfg.num_envs) * cfg.num_envs
+    if steps <= 0 or step >= cfg.total_timesteps or step + steps <= cfg.learning_starts:
+        return ""
+    return (f"; the replay buffer was not saved (--save-buffer saves it): updates wait until "
+            f"it holds a batch again ({steps} steps)")
 
 
 def _first(network: nn.Module) -> nn.Module:

@@ -58,7 +58,8 @@ MOSTLY_SKIPPED_EXIT = 3
 
 def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None,
           report: Reporter | None = None, cpus: int | None = None) -> dict[str, Any]:
-    """Train an agent as ``cfg`` says; return a summary of the run.
+    """Train an agent as ``cfg`` says; print the run's last ``done: ...`` line, as the
+    command does, and return a summary of the run.
 
     ``actor`` and ``critic`` replace the default networks: a class (built as
     ``cls(observation_space, action_space, **cfg.actor_kwargs)``), a built module, or a
@@ -96,9 +97,13 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None,
                 run.log.bar.on_lost = lambda: stops.append(signal.SIGPIPE)
                 run.log.bar.write(run.first_line)
                 _loop(run, stops)
-            return _summary(run)
+            summary = _summary(run)
     finally:
         gc.unfreeze()  # see _start_learning
+    # The run's last line, as the command ends with it (with or without --no-progress):
+    # printed here, once the logs are flushed, so that a call from Python ends with it too.
+    say(summary_line(summary))
+    return summary
 
 
 def _loop(run: Run, stops: list[int]) -> None:
@@ -290,8 +295,7 @@ def _command_line(argv: Sequence[str] | None) -> int:
         _set_ctrl_c(signal.SIG_IGN)
         say(f"error: {os_error_line(error)}", sys.stderr)
         return 2
-    _set_ctrl_c(signal.SIG_IGN)
-    say(summary_line(summary))
+    _set_ctrl_c(signal.SIG_IGN)  # the done line is train()'s
     if summary["not_learned"]:
         say(f"error: {summary['not_learned']}", sys.stderr)
         return MOSTLY_SKIPPED_EXIT

@@ -15,6 +15,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from processtools import run_python
 
 from rl_graphstep import train
 from rl_graphstep.envs import (
@@ -397,3 +398,37 @@ def test_env_workers_outlive_a_stop_sent_to_the_process_group(kind: str, signum:
         assert observations.shape == (2, 3)
     finally:
         envs.close()
+
+
+# Each vector env kind makes its envs in its own processes: sync in this one, async in
+# gymnasium's forked workers, shared here in spawned workers (which inherit no filter).
+_MAKE_NOISY = {
+    "sync": "make_vec_env('noisyenv:Noisy-v0', num_envs=2, seed=0, kind='sync')",
+    "async": "make_vec_env('noisyenv:Noisy-v0', num_envs=2, seed=0, kind='async')",
+    "shared": "SharedMemoryVectorEnv('noisyenv:Noisy-v0', 2, workers=2, context='spawn')",
+}
+
+
+@pytest.mark.parametrize("kind", list(_MAKE_NOISY))
+def test_mujocos_settotalmass_deprecation_is_hidden_in_every_process_other_warnings_not(
+        kind: str) -> None:
+    """MuJoCo's warning about gymnasium's model files, which no user can act on, shows in no
+    process that makes an env; another warning of the same env still does."""
+    from noisyenv import OTHER
+
+    code = ("from rl_graphstep.envs import make_vec_env\n"
+            "from rl_graphstep.sharedenvs import SharedMemoryVectorEnv\n"
+            f"envs = {_MAKE_NOISY[kind]}\n"
+            "envs.reset(seed=0)\n"
+            "envs.step(envs.action_space.sample())\n"
+            "envs.close()\n"
+            "print('stepped')\n")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "tests")])}
+    done = run_python("-c", code, cwd=root, env=env, capture_output=True, text=True,
+                      timeout=120)
+    assert done.returncode == 0 and done.stdout == "stepped\n", done.stderr
+    assert "settotalmass" not in done.stderr.lower()
+    # Once in each process that made one (a spawned worker's filters are its own).
+    shown = {"sync": 1, "async": 1, "shared": 3}[kind]
+    assert done.stderr.count(OTHER) == shown, done.stderr

@@ -394,3 +394,30 @@ def test_a_refused_resume_of_an_older_checkpoint_moves_nothing(
     assert "hidden" in capsys.readouterr().err
     assert [p.name for p in list_checkpoints(tmp_path / "run")] == before
     assert not list((tmp_path / "run" / "checkpoints").glob("abandoned_after_*"))
+
+
+def test_a_resume_without_the_buffer_says_its_updates_wait_for_a_batch(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The first line of a run resumed without --save-buffer says how long its updates wait
+    (a batch of 32 steps here); the folder, named as runs were before (by the Unix time), is
+    still found by --resume and by evaluate."""
+    from rl_graphstep.evaluate import main as evaluate_main
+
+    run_dir = tmp_path / "Pendulum-v1__sac__3__1796014201"
+    args = [a for a in SMALL if a != "--save-buffer"]
+    assert main([*args, "--log-dir", str(tmp_path), "--run-name", run_dir.name,
+                 "--total-timesteps", "300"]) == 0
+    capsys.readouterr()
+    assert main(["--resume", str(run_dir), "--total-timesteps", "400"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith("; resumed at step 300; the replay buffer was not saved "
+                           "(--save-buffer saves it): updates wait until it holds a batch "
+                           "again (32 steps)"), out[0]
+    assert load_checkpoint(run_dir)["global_step"] == 400
+    assert evaluate_main([str(run_dir), "--episodes", "1", "--device", "cpu"]) == 0
+    # With its buffer saved, a resumed run says nothing of the kind.
+    assert main([*SMALL, "--log-dir", str(tmp_path), "--run-name", "saved",
+                 "--total-timesteps", "300"]) == 0
+    capsys.readouterr()
+    assert main(["--resume", str(tmp_path / "saved"), "--total-timesteps", "400"]) == 0
+    assert capsys.readouterr().out.splitlines()[0].endswith("; resumed at step 300")

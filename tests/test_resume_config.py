@@ -71,7 +71,9 @@ def test_a_config_built_by_hand_records_what_trained_and_says_what_changed(
     train.train(cfg)
     first = capsys.readouterr().out.splitlines()[0]
     assert first.endswith("; resumed at step 300; changed from the run's config: "
-                          "--buffer-size 1000000 -> 1000, --batch-size 32 -> 64")
+                          "--buffer-size 1000000 -> 1000, --batch-size 32 -> 64; the replay "
+                          "buffer was not saved (--save-buffer saves it): updates wait until "
+                          "it holds a batch again (64 steps)")
     saved = saved_config(run)
     assert (saved["batch_size"], saved["buffer_size"], saved["total_timesteps"]) == (64, 1000, 500)
     assert (saved["log_dir"], saved["run_name"]) == ("runs", "run")

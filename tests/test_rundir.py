@@ -6,6 +6,7 @@ import errno
 import os
 import re
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +30,27 @@ def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return Path("runs/x")
 
 
-def test_run_name_format() -> None:
+def test_run_name_format(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default name ends in the local date and time, readable and in start order."""
     assert run_name(Config(run_name="mine")) == "mine"
     name = run_name(Config(env_id="HalfCheetah-v5", seed=7))
-    assert re.fullmatch(r"HalfCheetah-v5__sac__7__\d{10}", name)
+    assert re.fullmatch(r"HalfCheetah-v5__sac__7__\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d", name)
+    assert ":" not in name
+    started = 1796014201.5
+    monkeypatch.setattr(rundir.time, "time", lambda: started)
+    expected = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(started))
+    assert run_name(Config(env_id="HalfCheetah-v5", seed=7)) == (
+        f"HalfCheetah-v5__sac__7__{expected}")
+    # Later starts sort later, across seconds, days, months and years (9 s to 400 days).
+    names = []
+    for later in (0, 9, 60, 3600, 86400 * 3, 86400 * 40, 86400 * 400):
+        monkeypatch.setattr(rundir.time, "time", lambda later=later: started + later)
+        names.append(run_name(Config(env_id="HalfCheetah-v5", seed=7)))
+    assert names == sorted(names) and len(set(names)) == len(names)
 
 
 def test_claim_run_dir_gives_each_claim_a_new_folder(tmp_path: Path) -> None:
-    path = tmp_path / "runs" / "Pendulum-v1__sac__1__1796014201"
+    path = tmp_path / "runs" / "Pendulum-v1__sac__1__2026-12-06_01-23-45"
     claimed = [claim_run_dir(path) for _ in range(3)]
     assert [p.name for p in claimed] == [path.name, f"{path.name}_2", f"{path.name}_3"]
     assert all(p.is_dir() and not any(p.iterdir()) for p in claimed)
@@ -137,7 +151,7 @@ def test_a_lock_file_removed_after_it_was_opened_is_not_trusted(
 
 def test_a_seed_groups_name_holds_its_seeds() -> None:
     name = run_name(Config(env_id="Pendulum-v1", num_seeds=8))
-    assert name.startswith("Pendulum-v1__sac__seeds_1-8__") and name.split("__")[-1].isdigit()
+    assert re.fullmatch(r"Pendulum-v1__sac__seeds_1-8__\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d", name)
     assert run_name(Config(seeds=[3, 5, 7])).startswith("Pendulum-v1__sac__seeds_3_5_7__")
     assert run_name(Config(seeds=[8, 7])).startswith("Pendulum-v1__sac__seeds_8_7__")
     # One seed given as a list is the single run's name, with that seed.

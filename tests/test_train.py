@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import subprocess
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +21,7 @@ from rl_graphstep import train as train_module
 from rl_graphstep.acting import ActionPipe
 from rl_graphstep.buffer import ReplayBuffer
 from rl_graphstep.checkpoint import load_checkpoint
+from rl_graphstep.console import summary_line
 from rl_graphstep.flags import load_config
 from rl_graphstep.learners import OffPolicyLearner
 from rl_graphstep.train import main, train
@@ -46,12 +48,21 @@ def test_short_run_writes_every_tag(tmp_path: Path) -> None:
     assert "hyperparameters" in "".join(events.Tags()["tensors"])
 
 
-def test_train_from_python_returns_a_summary(tmp_path: Path) -> None:
+def test_train_from_python_returns_a_summary_and_prints_the_commands_lines(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """train() ends with the command's ``done:`` line, printed once (the command prints
+    the same lines: test_no_progress_prints_the_start_and_final_lines_only)."""
     cfg = load_config(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), *SHORT])
     summary = train(cfg)
     assert summary["global_step"] == 400 and summary["episodes"] == 2
     assert summary["graph"] is False
     assert summary["mean_return_last_10"] < 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert len(lines) == 3 and err == ""  # --no-progress: the first lines and the last
+    assert lines[0].startswith(f"{summary['run_dir']}: SAC on Pendulum-v1, cpu")
+    assert lines[2] == summary_line(summary)
+    assert lines[2].startswith("done: 400 steps, 2 episodes, mean return of the last 10: ")
 
 
 def test_cpu_training_runs_on_one_thread_and_gives_the_count_back(
@@ -260,7 +271,8 @@ def test_runs_named_in_the_same_second_get_a_folder_each(
     args = ["--env", "Pendulum-v1", "--log-dir", str(tmp_path), *SHORT]
     first = train(load_config([*args, "--seed", "1"]))
     second = train(load_config([*args, "--seed", "1", "--total-timesteps", "300"]))
-    name = "Pendulum-v1__sac__1__1796014201"
+    name = "Pendulum-v1__sac__1__" + time.strftime("%Y-%m-%d_%H-%M-%S",
+                                                    time.localtime(1796014201.5))
     assert [Path(first["run_dir"]).name, Path(second["run_dir"]).name] == [name, f"{name}_2"]
     assert load_checkpoint(tmp_path / name)["global_step"] == 400
     assert load_checkpoint(tmp_path / f"{name}_2")["global_step"] == 300
