@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
-import warnings
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,27 +20,39 @@ from rl_graphstep.errors import EnvError, RLGraphstepError, first_line, user_loc
 from rl_graphstep.plugins import import_from_here
 
 __all__ = ["declared_render_modes", "env_errors", "import_env_module", "make_env",
-           "quiet_known_warnings"]
+           "quiet_mujoco_model_warning"]
 
-# MuJoCo deprecated the MJCF compiler's ``settotalmass`` attribute, which gymnasium's own model
-# files still use (``half_cheetah.xml``; gymnasium's code sets no mass itself), and its Python
-# bindings pass the compiler's warnings on as Python warnings: one in every process that makes
-# an env, dozens of lines at a run's start about files the user cannot change. Matched by both
-# words, in any case and order, so that a rewording still matches.
-_SETTOTALMASS = r"(?is)(?=.*\bsettotalmass\b)(?=.*deprecat)"
+# MuJoCo's compiler warns that gymnasium's own half_cheetah.xml uses the deprecated
+# ``settotalmass`` attribute. Its C warning handler prints that to stderr (and appends it to
+# MUJOCO_LOG.TXT in the current folder) in every process that loads the model, env workers
+# too: lines about a file the user cannot change, at every run's start.
+_GYMNASIUM_MUJOCO = "gymnasium.envs.mujoco"
+_SETTOTALMASS = "settotalmass"
+_mujoco_warnings_set = False  # in this process (a spawned env worker sets its own)
 
 
-def quiet_known_warnings() -> None:
-    """Hide the warnings of this process that no user can act on: MuJoCo's deprecation of
-    ``settotalmass``, only it (other warnings, of MuJoCo's too, still show). Called wherever an
-    env is made (``make_env``): in the run's process, and in each env worker, whose filters
-    are its own where it was spawned rather than forked. Added only where missing: each change
-    to the filters makes Python show every warning it has shown once already again."""
-    present = {(f[1].pattern, f[2]) for f in warnings.filters
-               if f[0] == "ignore" and f[1] is not None}
-    for category in (UserWarning, DeprecationWarning):
-        if (_SETTOTALMASS, category) not in present:
-            warnings.filterwarnings("ignore", message=_SETTOTALMASS, category=category)
+def quiet_mujoco_model_warning(entry_point: object) -> None:
+    """Before one of gymnasium's MuJoCo envs is made in this process: MuJoCo's warnings go
+    through :func:`_mujoco_warning`, which drops only the one about ``settotalmass``. A
+    handler the user set is left alone."""
+    global _mujoco_warnings_set
+    if _mujoco_warnings_set or not (isinstance(entry_point, str)
+                                    and entry_point.startswith(_GYMNASIUM_MUJOCO)):
+        return
+    _mujoco_warnings_set = True
+    try:
+        import mujoco
+    except ImportError:  # gym.make says that MuJoCo is missing, in one line (env_errors)
+        return
+    if mujoco.get_mju_user_warning() is None:
+        mujoco.set_mju_user_warning(_mujoco_warning)
+
+
+def _mujoco_warning(message: str) -> None:
+    """A MuJoCo warning shown as its own handler shows it, but the one about gymnasium's
+    model files."""
+    if _SETTOTALMASS not in message:
+        print(f"WARNING: {message}", file=sys.stderr, flush=True)
 
 
 def make_env(env_id: str, **kwargs: Any) -> gym.Env:
@@ -54,8 +66,8 @@ def make_env(env_id: str, **kwargs: Any) -> gym.Env:
         EnvError: one line for a module that does not import, an unknown id (with the closest
             registered one), a missing MuJoCo or other package, or a constructor that fails.
     """
-    quiet_known_warnings()
     spec = env_spec(env_id)
+    quiet_mujoco_model_warning(spec.entry_point)
     checked = dataclasses.replace(spec, entry_point=_CheckedCreator(spec.entry_point, env_id))
     with env_errors(env_id):
         return gym.make(checked, **kwargs)
