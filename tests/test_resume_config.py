@@ -147,3 +147,44 @@ def test_a_resume_keeps_its_envs_when_nothing_about_them_changed(run: Path) -> N
     summary = train.train(dataclasses.replace(
         load_config(["--resume", str(run), "--total-timesteps", "400"])))
     assert summary["episodes"] == 2
+
+
+def test_a_resume_trains_with_the_learning_rates_it_is_given(run: Path) -> None:
+    """torch's Optimizer.load_state_dict takes the learning rates of the checkpoint's groups:
+    the start line said '--policy-lr 0.0003 -> 0.001' while the run went on at 0.0003."""
+    train.train(load_config(["--resume", str(run), "--total-timesteps", "400", "--policy-lr",
+                             "0.001", "--q-lr", "0.0001"]))
+    agent = load_checkpoint(run)["agent"]
+    # The actor's group, then the temperature's (at --q-lr, as CleanRL's); the critic's.
+    assert [g["lr"] for g in agent["actor_optimizer"]["param_groups"]] == [0.001, 0.0001]
+    assert [g["lr"] for g in agent["critic_optimizer"]["param_groups"]] == [0.0001]
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--no-autotune"], "--no-autotune does not match: the resumed run learns its temperature "
+                        "(--autotune), and a run resumes with its temperature's optimizer as it "
+                        "was; drop --no-autotune"),
+    (["--alpha", "0.5"], "--alpha 0.5 does not apply on resume: the run learns its temperature "
+                         "(--autotune), and --alpha only started it (at 0.2); drop --alpha"),
+])
+def test_a_resume_refuses_temperature_settings_it_could_not_apply(
+        run: Path, flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--alpha was recorded as changed while the learned temperature went on; --no-autotune was
+    'the saved networks do not fit', the wrong advice."""
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert train.main(["--resume", str(run), "--total-timesteps", "400", *flags]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_a_fixed_temperature_changed_on_resume_is_the_one_that_trains(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without autotune --alpha is the temperature: the checkpoint's must not overwrite it."""
+    monkeypatch.chdir(tmp_path)
+    assert train.main([*OWN, "--total-timesteps", "300", "--log-dir", "runs", "--run-name",
+                       "fixed", "--no-autotune", "--alpha", "0.3"]) == 0
+    train.train(load_config(["--resume", "runs/fixed", "--total-timesteps", "400", "--alpha",
+                             "0.05"]))
+    state = load_checkpoint(Path("runs/fixed"))
+    assert state["agent"]["log_alpha"].exp().item() == pytest.approx(0.05)
+    assert state["config"]["alpha"] == 0.05
