@@ -38,6 +38,7 @@ from rl_graphstep.config import (
     coerce_mapping,
     field_default,
     plain_value,
+    unused_kwargs_problem,
     value_problem,
 )
 from rl_graphstep.configfile import read_config_file, read_yaml_mapping
@@ -283,8 +284,13 @@ def check_trials(spec: SweepSpec) -> None:
         points = ((*first[:i], value, *first[i + 1:])
                   for i, name in enumerate(names) for value in values[name])
     for point in points:
-        trial_config(spec, dict(zip(names, point, strict=True)), log_dir="runs",
-                     run_name="check")
+        params = dict(zip(names, point, strict=True))
+        cfg = trial_config(spec, params, log_dir="runs", run_name="check")
+        problem = unused_kwargs_problem(cfg, actor=cfg.actor is not None,
+                                        critic=cfg.critic is not None)
+        if problem:
+            where = f"{spec.source}, with {params!r}" if params else spec.source
+            raise ConfigError(f"{problem} (in {where})")
 
 
 def sweep_record(spec: SweepSpec) -> dict[str, Any]:

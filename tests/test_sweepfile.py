@@ -202,3 +202,13 @@ def test_a_search_too_large_to_build_whole_still_checks_each_value(tmp_path: Pat
         read_sweep_file(write(tmp_path, text))
     spec = read_sweep_file(write(tmp_path, text.replace(", 3000]", ", 1000]")))
     assert spec.trials == 100_000
+
+
+def test_keyword_arguments_for_a_default_network_in_some_trials_are_one_line(
+        tmp_path: Path) -> None:
+    text = ("base: {total_timesteps: 3000, learning_starts: 100}\n"
+            "search: {q_lr: [0.1], critic_kwargs: [{}, {n: 3}]}\n")
+    with pytest.raises(ConfigError, match=r"^--critic-kwargs \{'n': 3\} is given for the default "
+                       r"critic, .* \(in .*sweep.yaml, with \{'q_lr': 0.1, 'critic_kwargs': "
+                       r"\{'n': 3\}\}\)$"):
+        read_sweep_file(write(tmp_path, text))
