@@ -55,7 +55,13 @@ from rl_graphstep.errors import (
 )
 from rl_graphstep.rundir import LOCK_FILE, RunLock
 from rl_graphstep.runfolders import SWEEP_STATE_DIR
-from rl_graphstep.sweepfile import SweepSpec, read_sweep_file, trial_config
+from rl_graphstep.sweepfile import (
+    SweepSpec,
+    checked_points,
+    read_sweep_file,
+    trial_config,
+    trial_source,
+)
 from rl_graphstep.sweepray import started_ray
 from rl_graphstep.sweepstart import (
     NAMES,
@@ -197,13 +203,35 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _given_flags(args: argparse.Namespace) -> dict[str, Any]:
-    """The flags a sweep keeps (see ``SweepFlags``) as given, None where not, range-checked."""
+    """The flags a sweep keeps (see ``SweepFlags``) as given, None where not, range-checked
+    (and --log-dir, which train refuses empty too: it would be the current folder)."""
+    if not args.log_dir:
+        raise ConfigError("--log-dir must not be empty; give the folder the sweep's folder "
+                          "goes in, such as runs")
     given = {name: getattr(args, name) for name in NAMES}
     for name, value in given.items():
         problem = None if value is None else flag_problem(name, value)
         if problem:
             raise ConfigError(problem)
     return given
+
+
+def local_device_problem(spec: SweepSpec) -> str | None:
+    """Why some trial could not train on this machine, where a local Ray runs them all, or
+    None: it asks for CUDA and there is none (it would fail, and be retried, in Ray)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    for params in checked_points(spec):
+        cfg = trial_config(spec, params, log_dir="runs", run_name="check")
+        asked = ("device: cuda" if cfg.device == "cuda" else
+                 "graph: on" if cfg.graph == "on" else None)
+        if asked:
+            return (f"a trial trains with {asked} (in {trial_source(spec, params)}), but this "
+                    "machine, where a local Ray runs every trial, has no CUDA GPU; use device "
+                    "cpu or auto, or --address a Ray cluster that has GPUs")
+    return None
 
 
 def _scheduler(name: str, spec: SweepSpec) -> Any:
@@ -399,6 +427,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         _given_flags(args)  # checked before the file is read, Ray started or a folder made
         spec = read_sweep_file(args.sweep_file)
+        if args.address is None and not os.environ.get("RAY_ADDRESS"):
+            problem = local_device_problem(spec)
+            if problem:
+                raise ConfigError(problem)
         if (Path(args.log_dir) / spec.name / SWEEP_STATE_DIR / spec.name).is_dir():
             go_on = f"continue with: {resume_command(args)}"
         results = run_sweep(spec, args, stopped_by)

@@ -26,7 +26,7 @@ import difflib
 import itertools
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,8 +46,8 @@ from rl_graphstep.errors import ConfigError
 from rl_graphstep.plugins import _is_file_path
 from rl_graphstep.seedgroup import MAX_SEEDS, seed_list_problem
 
-__all__ = ["SAMPLERS", "Sampled", "SweepSpec", "check_trials", "effective_base",
-           "read_sweep_file", "sweep_record", "trial_config"]
+__all__ = ["SAMPLERS", "Sampled", "SweepSpec", "check_trials", "checked_points",
+           "effective_base", "read_sweep_file", "sweep_record", "trial_config", "trial_source"]
 
 NAME_MAX = 255  # bytes of a file name on most file systems
 KEYS = ("name", "base", "search", "num_samples", "seeds", "num_seeds", "metric", "mode")
@@ -272,9 +272,20 @@ MAX_CHECKED = 20_000
 def check_trials(spec: SweepSpec) -> None:
     """Raise the ``ConfigError`` of a trial whose config would not build (``total_timesteps``
     below ``learning_starts`` in some trials, say), naming its values, so that it is one line
-    before Ray starts rather than a trial that fails, and is retried, in it. Every combination
-    of the grid's values, the choices and the ends of each sampled range is built (a value
-    between two ends that build builds too: the checks are bounds)."""
+    before Ray starts rather than a trial that fails, and is retried, in it."""
+    for params in checked_points(spec):
+        cfg = trial_config(spec, params, log_dir="runs", run_name="check")
+        problem = unused_kwargs_problem(cfg, actor=cfg.actor is not None,
+                                        critic=cfg.critic is not None)
+        if problem:
+            raise ConfigError(f"{problem} (in {trial_source(spec, params)})")
+
+
+def checked_points(spec: SweepSpec) -> Iterator[dict[str, Any]]:
+    """The searched values of the trials to check: every combination of the grid's values,
+    the choices and the ends of each sampled range (a value between two ends that build
+    builds too: the checks are bounds); past ``MAX_CHECKED`` combinations, each value beside
+    the others' first."""
     values = {**spec.grid, **{name: s.values for name, s in spec.sampled.items()}}
     names = list(values)
     if math.prod(len(v) for v in values.values()) <= MAX_CHECKED:
@@ -284,13 +295,12 @@ def check_trials(spec: SweepSpec) -> None:
         points = ((*first[:i], value, *first[i + 1:])
                   for i, name in enumerate(names) for value in values[name])
     for point in points:
-        params = dict(zip(names, point, strict=True))
-        cfg = trial_config(spec, params, log_dir="runs", run_name="check")
-        problem = unused_kwargs_problem(cfg, actor=cfg.actor is not None,
-                                        critic=cfg.critic is not None)
-        if problem:
-            where = f"{spec.source}, with {params!r}" if params else spec.source
-            raise ConfigError(f"{problem} (in {where})")
+        yield dict(zip(names, point, strict=True))
+
+
+def trial_source(spec: SweepSpec, params: Mapping[str, Any]) -> str:
+    """``sweep.yaml, with {'q_lr': 0.1}``: where a trial's settings come from, for its line."""
+    return f"{spec.source}, with {dict(params)!r}" if params else spec.source
 
 
 def sweep_record(spec: SweepSpec) -> dict[str, Any]:
@@ -327,5 +337,4 @@ def trial_config(spec: SweepSpec, params: Mapping[str, Any], *, log_dir: str,
         return Config(**{**spec.base, **typed, **group, "log_dir": log_dir,
                          "run_name": run_name})
     except ConfigError as err:
-        where = f"{spec.source}, with {dict(params)!r}" if params else spec.source
-        raise ConfigError(f"{err} (in {where})") from None
+        raise ConfigError(f"{err} (in {trial_source(spec, params)})") from None

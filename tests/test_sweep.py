@@ -567,3 +567,38 @@ def test_trials_that_failed_or_did_not_learn_rank_last_and_are_counted(tmp_path:
     assert failed_line(ranked, Path("runs/s/results.csv")) == (
         "1 of 4 trials failed and 1 did not learn; see the error column of runs/s/results.csv")
     assert failed_line(ranked[:2], Path("r.csv")) is None
+
+
+@pytest.mark.parametrize(("change", "asked"), [
+    ("  device: cpu", "device: cuda"),
+    ("  device: cpu\n  graph: 'on'", "graph: on"),
+])
+def test_a_trial_that_needs_a_gpu_the_local_machine_lacks_is_one_line(
+        change: str, asked: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """It failed in Ray, and was retried, in every trial that asked for it."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    text = SWEEP.replace("  device: cpu\n", "" if asked == "device: cuda" else change + "\n")
+    if asked == "device: cuda":
+        text = text.replace("  policy_lr: [0.001, 0.0003]\n", "  device: [cpu, cuda]\n")
+    (tmp_path / "grid.yaml").write_text(text)
+    assert main([str(tmp_path / "grid.yaml"), "--log-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: a trial trains with {asked} (in ")
+    assert err.endswith("), but this machine, where a local Ray runs every trial, has no CUDA "
+                        "GPU; use device cpu or auto, or --address a Ray cluster that has GPUs\n")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_empty_log_dir_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """It put the sweep's folder into the current one."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "grid.yaml").write_text(SWEEP)
+    assert main(["grid.yaml", "--log-dir", ""]) == 2
+    assert capsys.readouterr().err == ("error: --log-dir must not be empty; give the folder the "
+                                       "sweep's folder goes in, such as runs\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.yaml"]
