@@ -128,11 +128,11 @@ class Config:
     )
     actor_kwargs: dict[str, Any] = dataclasses.field(
         default_factory=dict,
-        metadata=helps("keyword arguments of the actor constructor, a YAML/JSON mapping"),
+        metadata=helps("keyword arguments of a custom --actor's constructor, a YAML/JSON mapping"),
     )
     critic_kwargs: dict[str, Any] = dataclasses.field(
         default_factory=dict,
-        metadata=helps("keyword arguments of the critic constructor, a YAML/JSON mapping"),
+        metadata=helps("keyword arguments of a custom --critic's constructor, a YAML/JSON mapping"),
     )
     critic_max_grad_norm: float = option(100.0, "critic gradient-norm clip")
     actor_max_grad_norm: float = option(100.0, "actor gradient-norm clip")
@@ -361,6 +361,20 @@ def value_problem(name: str, value: Any) -> str | None:
     if name in ("env_id", "log_dir", "run_name") and value == "":
         return "must not be empty"
     return _limit_problem(name, value)
+
+
+def unused_kwargs_problem(cfg: Config, *, actor: bool, critic: bool) -> str | None:
+    """Why ``cfg``'s network keyword arguments would be ignored, or None: the default actor
+    or critic takes none (its widths are ``--hidden-sizes``). ``actor``/``critic``: whether a
+    custom one is built (given to ``train`` or named by ``cfg``)."""
+    for role, custom in (("actor", actor), ("critic", critic)):
+        kwargs = getattr(cfg, f"{role}_kwargs")
+        if kwargs and not custom:
+            flag = flag_of(f"{role}_kwargs")
+            return (f"{flag} {kwargs} is given for the default {role}, which takes no keyword "
+                    f"arguments (its widths are --hidden-sizes); give {flag_of(role)} "
+                    f"package.module:ClassName too, or drop {flag}")
+    return None
 
 
 def _coerce(name: str, value: Any) -> Any:

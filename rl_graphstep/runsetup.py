@@ -23,7 +23,7 @@ from rl_graphstep.checkpoint import (
 from rl_graphstep.cli import suggested_command
 from rl_graphstep.collector import Collector
 from rl_graphstep.compiling import updates_ahead
-from rl_graphstep.config import Config
+from rl_graphstep.config import Config, unused_kwargs_problem
 from rl_graphstep.console import LoopClock
 from rl_graphstep.envs import (
     check_trained_observations,
@@ -81,6 +81,11 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     """The run folder (owned until ``owned`` closes), the checkpoint to resume, the plan
     (for ``cpus`` CPUs, see ``plan_run``), the envs, the networks, the learner, the collector
     and the logs."""
+    if not cfg.resume:  # a run trained before this check resumes as it trained
+        problem = unused_kwargs_problem(cfg, actor=(actor or cfg.actor) is not None,
+                                        critic=(critic or cfg.critic) is not None)
+        if problem:
+            raise ConfigError(problem)
     run_dir = run_dir_of(cfg)
     check_run_dir(run_dir)
     # A folder named by the clock is claimed when the run starts logging (see below).

@@ -87,11 +87,31 @@ def resumed_config(cfg: Config, saved: dict[str, Any], run_dir: Path) -> tuple[C
             f"resumed run {display_path(str(run_dir))} ({' '.join(map(str, run.seed_list))}): a "
             "run resumes with its own seeds; build the config with load_config(['--resume', "
             "RUN, ...]), which starts from the run's own")
+    problem = _temperature_problem(cfg, run)
+    if problem:
+        raise ConfigError(problem)
     cfg = dataclasses.replace(cfg, log_dir=str(run_dir.parent), run_name=run_dir.name)
     before, now = config_to_dict(run), config_to_dict(cfg)
     changed = [f"{flag_of(name)} {_shown(before[name])} -> {_shown(now[name])}"
                for name in now if name not in _NOT_CHANGES and now[name] != before[name]]
     return cfg, ("; changed from the run's config: " + ", ".join(changed)) if changed else ""
+
+
+def _temperature_problem(cfg: Config, run: Config) -> str | None:
+    """Why a resumed SAC run cannot take ``cfg``'s temperature settings, or None: whether
+    the temperature is learned decides the actor optimizer's groups, and a learned one
+    goes on from its checkpoint's value, which ``--alpha`` (its start) no longer sets."""
+    if run.algo != "sac":
+        return None
+    if cfg.autotune != run.autotune:
+        given, own = (("--no-autotune", "learns its temperature (--autotune)") if run.autotune
+                      else ("--autotune", f"keeps its temperature at --alpha {run.alpha}"))
+        return (f"{given} does not match: the resumed run {own}, and a run resumes with its "
+                f"temperature's optimizer as it was; drop {given}")
+    if cfg.autotune and cfg.alpha != run.alpha:
+        return (f"--alpha {cfg.alpha} does not apply on resume: the run learns its temperature "
+                f"(--autotune), and --alpha only started it (at {run.alpha}); drop --alpha")
+    return None
 
 
 def _shown(value: Any) -> str:

@@ -46,10 +46,22 @@ from rl_graphstep.cli import (
 )
 from rl_graphstep.config import config_to_dict
 from rl_graphstep.console import say
-from rl_graphstep.errors import ConfigError, RunFolderError, first_line, os_error_line
+from rl_graphstep.errors import (
+    ConfigError,
+    RunFolderError,
+    display_path,
+    first_line,
+    os_error_line,
+)
 from rl_graphstep.rundir import LOCK_FILE, RunLock
 from rl_graphstep.runfolders import SWEEP_STATE_DIR
-from rl_graphstep.sweepfile import SweepSpec, read_sweep_file, trial_config
+from rl_graphstep.sweepfile import (
+    SweepSpec,
+    checked_points,
+    read_sweep_file,
+    trial_config,
+    trial_source,
+)
 from rl_graphstep.sweepray import started_ray
 from rl_graphstep.sweepstart import (
     NAMES,
@@ -65,6 +77,7 @@ __all__ = ["main", "search_space", "trial_metrics"]
 
 METRIC_KEYS = {"iqm": "iqm_return", "mean": "mean_return"}
 SCORE = "score"  # what Tune optimises: the sweep's metric, under one name
+NOT_LEARNED = "not_learned"  # a trial's last report: why its run did not learn, "" if it did
 
 
 def trial_metrics(recent: Sequence[Sequence[float]], metric: str) -> dict[str, float]:
@@ -125,13 +138,16 @@ def run_trial(params: dict[str, Any], spec: SweepSpec, sweep_dir: str) -> None:
     context = ray.get_runtime_context()
     node = context.get_node_id()  # where it ran, for the results table
 
-    def report(step: int, recent: list[list[float]], finished: bool = False) -> None:
+    def report(step: int, recent: list[list[float]], finished: bool = False,
+               not_learned: str = "") -> None:
         tune.report({**trial_metrics(recent, spec.metric), "global_step": step,
-                     "node_id": node, "finished": finished})
+                     "node_id": node, "finished": finished, NOT_LEARNED: not_learned})
 
     summary = train(cfg, report=report,
                     cpus=trial_cpus(context.get_assigned_resources().get("CPU", 1)))
-    report(summary["global_step"], summary["recent_returns"], finished=True)
+    # A run that did not learn (train's exit 3) ends as a trial whose score means nothing.
+    report(summary["global_step"], summary["recent_returns"], finished=True,
+           not_learned=summary["not_learned"] or "")
 
 
 def trial_resumes(folder: Path) -> bool:
@@ -187,13 +203,35 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _given_flags(args: argparse.Namespace) -> dict[str, Any]:
-    """The flags a sweep keeps (see ``SweepFlags``) as given, None where not, range-checked."""
+    """The flags a sweep keeps (see ``SweepFlags``) as given, None where not, range-checked
+    (and --log-dir, which train refuses empty too: it would be the current folder)."""
+    if not args.log_dir:
+        raise ConfigError("--log-dir must not be empty; give the folder the sweep's folder "
+                          "goes in, such as runs")
     given = {name: getattr(args, name) for name in NAMES}
     for name, value in given.items():
         problem = None if value is None else flag_problem(name, value)
         if problem:
             raise ConfigError(problem)
     return given
+
+
+def local_device_problem(spec: SweepSpec) -> str | None:
+    """Why some trial could not train on this machine, where a local Ray runs them all, or
+    None: it asks for CUDA and there is none (it would fail, and be retried, in Ray)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    for params in checked_points(spec):
+        cfg = trial_config(spec, params, log_dir="runs", run_name="check")
+        asked = ("device: cuda" if cfg.device == "cuda" else
+                 "graph: on" if cfg.graph == "on" else None)
+        if asked:
+            return (f"a trial trains with {asked} (in {trial_source(spec, params)}), but this "
+                    "machine, where a local Ray runs every trial, has no CUDA GPU; use device "
+                    "cpu or auto, or --address a Ray cluster that has GPUs")
+    return None
 
 
 def _scheduler(name: str, spec: SweepSpec) -> Any:
@@ -303,10 +341,12 @@ def write_results(spec: SweepSpec, results: Any, sweep_dir: Path) -> list[dict[s
                      "mean_return": metrics.get("mean_return", float("nan")),
                      "global_step": metrics.get("global_step", 0),
                      "node": str(metrics.get("node_id", ""))[:12],
-                     "error": "" if result.error is None else _error_line(result.error)})
+                     "error": _trial_error(result)})
     sign = -1.0 if spec.mode == "max" else 1.0
-    rows.sort(key=lambda r: (r[SCORE] != r[SCORE], sign * (r[SCORE] if r[SCORE] == r[SCORE]
-                                                           else 0.0)))
+    # Trials that failed or did not learn rank last whatever their score: their runs' last
+    # returns are not a result of the settings.
+    rows.sort(key=lambda r: (bool(r["error"]), r[SCORE] != r[SCORE],
+                             sign * (r[SCORE] if r[SCORE] == r[SCORE] else 0.0)))
     columns = list(rows[0]) if rows else ["trial"]
     with (sweep_dir / "results.csv").open("w", newline="") as out:
         writer = csv.DictWriter(out, columns)
@@ -316,7 +356,7 @@ def write_results(spec: SweepSpec, results: Any, sweep_dir: Path) -> list[dict[s
     lines += ["| " + " | ".join(_cell(r[c]) for c in columns) + " |" for r in rows]
     (sweep_dir / "results.md").write_text("\n".join(lines) + "\n")
     say("\n".join(lines))
-    if rows and rows[0][SCORE] == rows[0][SCORE]:
+    if rows and rows[0][SCORE] == rows[0][SCORE] and not rows[0]["error"]:
         best = rows[0]
         cfg = trial_config(spec, {n: best[n] for n in (*spec.grid, *spec.sampled)},
                            log_dir="runs", run_name=f"{spec.name}_best")
@@ -329,6 +369,30 @@ def write_results(spec: SweepSpec, results: Any, sweep_dir: Path) -> list[dict[s
             f"{best[SCORE]:.1f}); train it with: {command}\n"
             + yaml.safe_dump(values, sort_keys=False))
     return rows
+
+
+def _trial_error(result: Any) -> str:
+    """The error column of a trial: its own exception in one line, or ``not learned: ...``
+    with why its run did not learn (what ``train`` exits 3 for); "" for a trial that learned."""
+    if result.error is not None:
+        return _error_line(result.error)
+    why = (result.metrics or {}).get(NOT_LEARNED)
+    return f"not learned: {why}" if why else ""
+
+
+def failed_line(rows: Sequence[dict[str, Any]], results_csv: Path) -> str | None:
+    """The sweep's last line when some trials failed or did not learn, None when none did:
+    ``2 of 4 trials failed and 1 did not learn; see the error column of runs/g/results.csv``."""
+    unlearned = sum(r["error"].startswith("not learned: ") for r in rows)
+    failed = sum(bool(r["error"]) for r in rows) - unlearned
+    if not (failed or unlearned):
+        return None
+    what = [f"{failed} failed"] if failed else []
+    what += [f"{unlearned} did not learn"] if unlearned else []
+    first, *rest = what
+    count, _, verb = first.partition(" ")
+    return (f"{count} of {len(rows)} trials {verb}{''.join(' and ' + r for r in rest)}; see "
+            f"the error column of {display_path(str(results_csv))}")
 
 
 def _error_line(error: BaseException) -> str:
@@ -351,7 +415,8 @@ def resume_command(args: argparse.Namespace) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry: 0 when every trial finished, 1 when some failed, 2 on bad input,
+    """Command-line entry: 0 when every trial finished and learned, 1 when some failed or did
+    not learn (one line says how many), 2 on bad input,
     128 + the signal when stopped (Ctrl-C, SIGTERM or SIGHUP; ``--resume`` continues)."""
     argv = argument_list(argv, "rl_graphstep.sweep.main()", "['sweep.yaml', '--log-dir', 'runs']")
     end_startup_guard()  # from here on a Ctrl-C is the KeyboardInterrupt handled below
@@ -362,6 +427,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = _parser().parse_args(argv)
         _given_flags(args)  # checked before the file is read, Ray started or a folder made
         spec = read_sweep_file(args.sweep_file)
+        if args.address is None and not os.environ.get("RAY_ADDRESS"):
+            problem = local_device_problem(spec)
+            if problem:
+                raise ConfigError(problem)
         if (Path(args.log_dir) / spec.name / SWEEP_STATE_DIR / spec.name).is_dir():
             go_on = f"continue with: {resume_command(args)}"
         results = run_sweep(spec, args, stopped_by)
@@ -385,8 +454,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"stopped with {unfinished} of {len(results)} trials unfinished; continue with: "
             f"{resume_command(args)}", sys.stderr)
         return 128 + (stopped_by[0] if stopped_by else signal.SIGINT)
-    rows = write_results(spec, results, (Path(args.log_dir) / spec.name).resolve())
-    return 0 if rows and not any(r["error"] for r in rows) else 1
+    sweep_dir = (Path(args.log_dir) / spec.name).resolve()
+    rows = write_results(spec, results, sweep_dir)
+    line = failed_line(rows, sweep_dir / "results.csv")
+    if line:
+        say(f"error: {line}", sys.stderr)
+    return 0 if rows and not line else 1
 
 
 if __name__ == "__main__":

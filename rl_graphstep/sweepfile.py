@@ -26,20 +26,30 @@ import difflib
 import itertools
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl_graphstep.config import FIELDS, Config, coerce_mapping, field_default, plain_value
+from rl_graphstep.config import (
+    FIELD_TYPES,
+    FIELDS,
+    Config,
+    coerce_mapping,
+    field_default,
+    plain_value,
+    unused_kwargs_problem,
+    value_problem,
+)
 from rl_graphstep.configfile import read_config_file, read_yaml_mapping
 from rl_graphstep.errors import ConfigError
 from rl_graphstep.plugins import _is_file_path
 from rl_graphstep.seedgroup import MAX_SEEDS, seed_list_problem
 
-__all__ = ["SAMPLERS", "Sampled", "SweepSpec", "effective_base", "read_sweep_file",
-           "sweep_record", "trial_config"]
+__all__ = ["SAMPLERS", "Sampled", "SweepSpec", "check_trials", "checked_points",
+           "effective_base", "read_sweep_file", "sweep_record", "trial_config", "trial_source"]
 
+NAME_MAX = 255  # bytes of a file name on most file systems
 KEYS = ("name", "base", "search", "num_samples", "seeds", "num_seeds", "metric", "mode")
 METRICS = ("iqm", "mean")
 MODES = ("max", "min")
@@ -167,6 +177,9 @@ def _read_sampled(name: str, raw: Mapping[Any, Any], source: str) -> Sampled:
         raise _problem(where, f"{kind} needs numbers, and {name} is not numeric")
     if kind == "randint" and not (isinstance(low, int) and isinstance(high, int)):
         raise _problem(where, f"randint needs whole numbers, got {values!r}")
+    if kind != "randint" and FIELD_TYPES[name] is int:
+        raise _problem(where, f"{kind} draws fractional numbers and {name} is a whole number; "
+                              f"use randint: [{low}, {high}]")
     if not low < high:
         raise _problem(where, f"{kind} needs low < high, got [{low}, {high}]")
     if kind == "loguniform" and low <= 0:
@@ -192,6 +205,11 @@ def _read_search(raw: Any, source: str) -> tuple[dict[str, tuple[Any, ...]], dic
         elif isinstance(values, list) and values:
             where = f"{source}'s search for {name!r}"
             grid[name] = tuple(_field_value(name, v, where) for v in values)
+            twice = next((v for i, v in enumerate(grid[name]) if v in grid[name][:i]), None)
+            if twice is not None:
+                raise _problem(source, f"search for {name!r} lists {plain_value(twice)!r} twice: "
+                                       "the grid would train the same trials again; list each "
+                                       "value once (num_samples repeats the grid)")
         else:
             raise _problem(source, f"search for {name!r} must be a non-empty list (a grid) or "
                                    f"one of {', '.join(SAMPLERS)}, got {values!r}")
@@ -226,8 +244,10 @@ def read_sweep_file(path: str | Path) -> SweepSpec:
         if key not in KEYS:
             raise _unknown(key, KEYS, "sweep key", source)
     name = data.get("name", path.stem)
-    if not isinstance(name, str) or not name or "/" in name or name in (".", ".."):
-        raise _problem(source, f"name must be a folder name, got {name!r}")
+    if not isinstance(name, str) or not name or value_problem("run_name", name) or len(
+            os.fsencode(name)) > NAME_MAX:
+        raise _problem(source, f"name must be a folder name (no / or \\, not . or .., no "
+                               f"control characters, at most {NAME_MAX} bytes), got {name!r}")
     samples = data.get("num_samples", 1)
     if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
         raise _problem(source, f"num_samples must be a positive whole number, got {samples!r}")
@@ -240,9 +260,47 @@ def read_sweep_file(path: str | Path) -> SweepSpec:
                      grid=grid, sampled=sampled, num_samples=samples,
                      seeds=_read_seeds(data, source), metric=data.get("metric", "iqm"),
                      mode=data.get("mode", "max"))
-    trial_config(spec, {**spec.grid_points()[0], **{n: s.values[0] for n, s in sampled.items()}},
-                 log_dir="runs", run_name="check")  # the base with a first point must build
+    check_trials(spec)
     return spec
+
+
+# Up to this many trial configs are built to check a sweep file (each takes about 0.1 ms);
+# a larger search has each of its values checked beside the others' first.
+MAX_CHECKED = 20_000
+
+
+def check_trials(spec: SweepSpec) -> None:
+    """Raise the ``ConfigError`` of a trial whose config would not build (``total_timesteps``
+    below ``learning_starts`` in some trials, say), naming its values, so that it is one line
+    before Ray starts rather than a trial that fails, and is retried, in it."""
+    for params in checked_points(spec):
+        cfg = trial_config(spec, params, log_dir="runs", run_name="check")
+        problem = unused_kwargs_problem(cfg, actor=cfg.actor is not None,
+                                        critic=cfg.critic is not None)
+        if problem:
+            raise ConfigError(f"{problem} (in {trial_source(spec, params)})")
+
+
+def checked_points(spec: SweepSpec) -> Iterator[dict[str, Any]]:
+    """The searched values of the trials to check: every combination of the grid's values,
+    the choices and the ends of each sampled range (a value between two ends that build
+    builds too: the checks are bounds); past ``MAX_CHECKED`` combinations, each value beside
+    the others' first."""
+    values = {**spec.grid, **{name: s.values for name, s in spec.sampled.items()}}
+    names = list(values)
+    if math.prod(len(v) for v in values.values()) <= MAX_CHECKED:
+        points: Iterable[tuple[Any, ...]] = itertools.product(*values.values())
+    else:
+        first = tuple(v[0] for v in values.values())
+        points = ((*first[:i], value, *first[i + 1:])
+                  for i, name in enumerate(names) for value in values[name])
+    for point in points:
+        yield dict(zip(names, point, strict=True))
+
+
+def trial_source(spec: SweepSpec, params: Mapping[str, Any]) -> str:
+    """``sweep.yaml, with {'q_lr': 0.1}``: where a trial's settings come from, for its line."""
+    return f"{spec.source}, with {dict(params)!r}" if params else spec.source
 
 
 def sweep_record(spec: SweepSpec) -> dict[str, Any]:
@@ -279,5 +337,4 @@ def trial_config(spec: SweepSpec, params: Mapping[str, Any], *, log_dir: str,
         return Config(**{**spec.base, **typed, **group, "log_dir": log_dir,
                          "run_name": run_name})
     except ConfigError as err:
-        where = f"{spec.source}, with {dict(params)!r}" if params else spec.source
-        raise ConfigError(f"{err} (in {where})") from None
+        raise ConfigError(f"{err} (in {trial_source(spec, params)})") from None

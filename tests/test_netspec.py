@@ -461,3 +461,21 @@ def test_an_interactive_class_is_warned_about(monkeypatch: pytest.MonkeyPatch) -
     with pytest.warns(UserWarning, match=r"^actor: Typed cannot be found again by name \(it is "
                       r"defined in an interactive session\)"):
         assert class_spec(actor, "actor") == "__main__:Typed"
+
+
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_keyword_arguments_for_a_default_network_are_one_line(
+        role: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """They were ignored: the default networks take none, and the run trained without them."""
+    assert main(small(tmp_path, "kw", f"--{role}-kwargs", "{n: 3}")) == 2
+    assert one_error_line(capsys) == (
+        f"error: --{role}-kwargs {{'n': 3}} is given for the default {role}, which takes no "
+        f"keyword arguments (its widths are --hidden-sizes); give --{role} "
+        f"package.module:ClassName too, or drop --{role}-kwargs")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_keyword_arguments_for_a_network_given_to_train_are_its_own(tmp_path: Path) -> None:
+    cfg = load_config(small(tmp_path, "py", "--total-timesteps", "110",
+                            "--critic-kwargs", "{hidden_sizes: [16]}"))
+    assert train(cfg, critic=LayerNormCritic)["global_step"] == 110

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,70 @@ def test_a_resume_keeps_its_envs_when_nothing_about_them_changed(run: Path) -> N
     summary = train.train(dataclasses.replace(
         load_config(["--resume", str(run), "--total-timesteps", "400"])))
     assert summary["episodes"] == 2
+
+
+def test_a_resume_trains_with_the_learning_rates_it_is_given(run: Path) -> None:
+    """torch's Optimizer.load_state_dict takes the learning rates of the checkpoint's groups:
+    the start line said '--policy-lr 0.0003 -> 0.001' while the run went on at 0.0003."""
+    train.train(load_config(["--resume", str(run), "--total-timesteps", "400", "--policy-lr",
+                             "0.001", "--q-lr", "0.0001"]))
+    agent = load_checkpoint(run)["agent"]
+    # The actor's group, then the temperature's (at --q-lr, as CleanRL's); the critic's.
+    assert [g["lr"] for g in agent["actor_optimizer"]["param_groups"]] == [0.001, 0.0001]
+    assert [g["lr"] for g in agent["critic_optimizer"]["param_groups"]] == [0.0001]
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--no-autotune"], "--no-autotune does not match: the resumed run learns its temperature "
+                        "(--autotune), and a run resumes with its temperature's optimizer as it "
+                        "was; drop --no-autotune"),
+    (["--alpha", "0.5"], "--alpha 0.5 does not apply on resume: the run learns its temperature "
+                         "(--autotune), and --alpha only started it (at 0.2); drop --alpha"),
+])
+def test_a_resume_refuses_temperature_settings_it_could_not_apply(
+        run: Path, flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """--alpha was recorded as changed while the learned temperature went on; --no-autotune was
+    'the saved networks do not fit', the wrong advice."""
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert train.main(["--resume", str(run), "--total-timesteps", "400", *flags]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
+
+
+def test_a_fixed_temperature_changed_on_resume_is_the_one_that_trains(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without autotune --alpha is the temperature: the checkpoint's must not overwrite it."""
+    monkeypatch.chdir(tmp_path)
+    assert train.main([*OWN, "--total-timesteps", "300", "--log-dir", "runs", "--run-name",
+                       "fixed", "--no-autotune", "--alpha", "0.3"]) == 0
+    train.train(load_config(["--resume", "runs/fixed", "--total-timesteps", "400", "--alpha",
+                             "0.05"]))
+    state = load_checkpoint(Path("runs/fixed"))
+    assert state["agent"]["log_alpha"].exp().item() == pytest.approx(0.05)
+    assert state["config"]["alpha"] == 0.05
+
+
+@pytest.mark.parametrize(("total", "num_envs", "code"), [(332, 1, 2), (333, 1, 0), (332, 2, 2),
+                                                         (333, 2, 0)])
+def test_a_resume_too_short_to_refill_one_batch_is_one_line(
+        run: Path, total: int, num_envs: int, code: int,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Resumed without its buffer, a run refills one batch (32) before it updates again; a
+    total that ends first made no update and exited 0. The bounds are exact."""
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the envs of --num-envs 2 restart their episodes
+        assert train.main(["--resume", str(run), "--total-timesteps", str(total),
+                           "--num-envs", str(num_envs)]) == code
+    err = capsys.readouterr().err
+    if code == 0:
+        assert load_checkpoint(run)["agent"]["updates"] > 200  # 200 by step 300
+        return
+    rows = 31 if num_envs == 1 else 30
+    assert err == (
+        f"error: --total-timesteps {total} leaves {total - 300} steps after step 300, and the "
+        f"checkpoint holds no replay buffer (saved only with --save-buffer): the buffer would "
+        f"hold {rows} rows at the last step, fewer than one --batch-size batch of 32, so no "
+        f"update would run; raise --total-timesteps to at least 333, or lower "
+        f"--batch-size\n")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before

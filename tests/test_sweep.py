@@ -496,3 +496,109 @@ def test_a_sigterm_while_ray_starts_is_one_line_and_leaves_nothing(
     assert capsys.readouterr().err == (
         f"stopped by SIGTERM before any trial ran; run the same command again: {again}\n")
     assert not (tmp_path / "my runs").exists()
+
+
+NAN_REWARDS = '''
+"""Pendulum whose every reward is NaN: no transition is stored, so its run makes no update."""
+import math
+
+import gymnasium as gym
+from gymnasium.envs.classic_control.pendulum import PendulumEnv
+
+
+class NaNRewardPendulum(PendulumEnv):
+    def step(self, action):
+        observation, _, terminated, truncated, info = super().step(action)
+        return observation, math.nan, terminated, truncated, info
+
+
+gym.register("NaNRewardPendulum-v0", entry_point=NaNRewardPendulum, max_episode_steps=200)
+'''
+
+
+def test_a_trial_whose_run_did_not_learn_is_not_counted_finished(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+        ) -> None:
+    """train exits 3 for such a run: its trial's row says why, it is no best config, and the
+    sweep exits 1 with a line saying how many trials did not learn."""
+    pytest.importorskip("ray.tune")
+    (tmp_path / "nanreward.py").write_text(NAN_REWARDS)
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "nan.yaml").write_text(
+        SWEEP.replace("name: grid", "name: nan").replace("  policy_lr: [0.001, 0.0003]\n", "")
+        .replace("q_lr: [0.001, 0.0003]", "q_lr: [0.001]").replace("num_seeds: 2", "num_seeds: 1")
+        .replace("env_id: Pendulum-v1", "env_id: nanreward:NaNRewardPendulum-v0"))
+    assert main(["nan.yaml", "--log-dir", "runs", "--max-failures", "0"]) == 1
+    sweep = tmp_path / "runs" / "nan"
+    with (sweep / "results.csv").open() as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["error"].startswith("not learned: no update was made: the replay buffer never "
+                                   "held a batch of --batch-size 32 transitions (it holds 0; "
+                                   "400 of 400 transitions had non-finite values")
+    assert row["global_step"] == "400"
+    assert not (sweep / "best_config.yaml").exists()
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "error: 1 of 1 trials did not learn; see the error column of runs/nan/results.csv")
+
+
+def test_trials_that_failed_or_did_not_learn_rank_last_and_are_counted(tmp_path: Path) -> None:
+    """Their last returns say nothing of their settings: never the best config."""
+    from types import SimpleNamespace
+
+    from rl_graphstep.sweep import failed_line, write_results
+    from rl_graphstep.sweepfile import SweepSpec
+
+    def result(trial: str, score: float, error: BaseException | None = None,
+               why: str = "") -> SimpleNamespace:
+        return SimpleNamespace(metrics={"trial_id": trial, "score": score, "not_learned": why},
+                               config={"q_lr": 0.001}, error=error, path=trial)
+
+    spec = SweepSpec(name="s", source="s.yaml",
+                     base={"total_timesteps": 400, "learning_starts": 100},
+                     grid={"q_lr": (0.001,)})
+    rows = [result("a", -900.0), result("b", -100.0, why="no update was made"),
+            result("c", -50.0, error=RuntimeError("crashed")), result("d", -500.0)]
+    ranked = write_results(spec, rows, tmp_path)
+    assert [r["trial"] for r in ranked] == ["d", "a", "c", "b"]
+    assert [r["error"] for r in ranked] == ["", "", "RuntimeError: crashed",
+                                            "not learned: no update was made"]
+    assert "(d, score -500.0)" in (tmp_path / "best_config.yaml").read_text()
+    assert failed_line(ranked, Path("runs/s/results.csv")) == (
+        "1 of 4 trials failed and 1 did not learn; see the error column of runs/s/results.csv")
+    assert failed_line(ranked[:2], Path("r.csv")) is None
+
+
+@pytest.mark.parametrize(("change", "asked"), [
+    ("  device: cpu", "device: cuda"),
+    ("  device: cpu\n  graph: 'on'", "graph: on"),
+])
+def test_a_trial_that_needs_a_gpu_the_local_machine_lacks_is_one_line(
+        change: str, asked: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """It failed in Ray, and was retried, in every trial that asked for it."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    text = SWEEP.replace("  device: cpu\n", "" if asked == "device: cuda" else change + "\n")
+    if asked == "device: cuda":
+        text = text.replace("  policy_lr: [0.001, 0.0003]\n", "  device: [cpu, cuda]\n")
+    (tmp_path / "grid.yaml").write_text(text)
+    assert main([str(tmp_path / "grid.yaml"), "--log-dir", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: a trial trains with {asked} (in ")
+    assert err.endswith("), but this machine, where a local Ray runs every trial, has no CUDA "
+                        "GPU; use device cpu or auto, or --address a Ray cluster that has GPUs\n")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_an_empty_log_dir_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """It put the sweep's folder into the current one."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "grid.yaml").write_text(SWEEP)
+    assert main(["grid.yaml", "--log-dir", ""]) == 2
+    assert capsys.readouterr().err == ("error: --log-dir must not be empty; give the folder the "
+                                       "sweep's folder goes in, such as runs\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.yaml"]

@@ -89,12 +89,33 @@ mode: min
     ("num_samples: 0", r"num_samples must be a positive whole number, got 0"),
     ("metric: median", r"metric must be one of iqm, mean, got 'median'"),
     ("mode: up", r"mode must be one of max, min, got 'up'"),
-    ("name: a/b", r"name must be a folder name, got 'a/b'"),
+    ("name: a/b", r"name must be a folder name \(.*\), got 'a/b'"),
     ("- 1\n- 2", r"sweep file '.*sweep.yaml' must be a mapping of key: value lines, got a YAML "
                  r"list"),
     ("search: {q_lr: [0.1}", r"sweep file '.*sweep.yaml' is not valid YAML at line 1"),
     ("base: {learning_starts: 9000, total_timesteps: 5000}",
      r"--learning-starts 9000 is not below --total-timesteps 5000: .* \(in .*sweep.yaml\)$"),
+    # Only some trials would not build: each one is checked before Ray starts, not the
+    # first alone (the others failed in Ray, each retried).
+    ("base: {learning_starts: 100}\nsearch: {total_timesteps: [3000, 50]}",
+     r"^--learning-starts 100 is not below --total-timesteps 50: .* \(in .*sweep.yaml, with "
+     r"\{'total_timesteps': 50\}\)$"),
+    ("base: {total_timesteps: 3000, learning_starts: 100}\n"
+     "search: {q_lr: [0.1, 0.2], buffer_size: [10000, 1000], batch_size: {randint: [16, 2000]}}",
+     r"^--batch-size 2000 is above --buffer-size 1000: .* \(in .*sweep.yaml, with \{'q_lr': "
+     r"0.1, 'buffer_size': 1000, 'batch_size': 2000\}\)$"),
+    ("base: {total_timesteps: 3000, learning_starts: 100}\n"
+     "search: {batch_size: {choice: [32, 5000]}}", r"^--batch-size 5000 is not below "),
+    ("search: {batch_size: {uniform: [16, 64]}}",
+     r"^uniform draws fractional numbers and batch_size is a whole number; use randint: "
+     r"\[16, 64\] in .*sweep.yaml's search for 'batch_size'$"),
+    ("search: {q_lr: [0.001, 1.0e-3]}",
+     r"^search for 'q_lr' lists 0.001 twice: the grid would train the same trials again; list "
+     r"each value once \(num_samples repeats the grid\) in .*sweep.yaml$"),
+    ("name: 'a\\b'", r"^name must be a folder name \(no / or \\, not . or .., no control "
+                      r"characters, at most 255 bytes\), got 'a\\\\b' in .*sweep.yaml$"),
+    ('name: "a\\nb"', r"got 'a\\nb'"),
+    ("name: " + "x" * 256, r"at most 255 bytes\), got 'xxx"),
 ])
 def test_a_bad_sweep_file_is_one_line(text: str, message: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=message) as raised:
@@ -167,3 +188,27 @@ mode: min
 """))
     again = read_sweep_file(write(tmp_path, yaml.safe_dump(sweep_record(spec)), "kept.yaml"))
     assert again == dataclasses.replace(spec, source=again.source)
+
+
+def test_a_search_too_large_to_build_whole_still_checks_each_value(tmp_path: Path) -> None:
+    """100,000 trials (more than MAX_CHECKED): each value is built beside the others' first."""
+    values = ", ".join(str(0.1 + i / 100) for i in range(10))
+    search = "".join(f"  {name}: [{values}]\n" for name in ("gamma", "tau", "policy_noise",
+                                                             "noise_clip"))
+    text = (f"base: {{total_timesteps: 3000, learning_starts: 100}}\nsearch:\n{search}"
+            "  learning_starts: [100, 200, 300, 400, 500, 600, 700, 800, 900, 3000]\n")
+    with pytest.raises(ConfigError, match=r"^--learning-starts 3000 is not below "
+                       r"--total-timesteps 3000: .*'learning_starts': 3000\}\)$"):
+        read_sweep_file(write(tmp_path, text))
+    spec = read_sweep_file(write(tmp_path, text.replace(", 3000]", ", 1000]")))
+    assert spec.trials == 100_000
+
+
+def test_keyword_arguments_for_a_default_network_in_some_trials_are_one_line(
+        tmp_path: Path) -> None:
+    text = ("base: {total_timesteps: 3000, learning_starts: 100}\n"
+            "search: {q_lr: [0.1], critic_kwargs: [{}, {n: 3}]}\n")
+    with pytest.raises(ConfigError, match=r"^--critic-kwargs \{'n': 3\} is given for the default "
+                       r"critic, .* \(in .*sweep.yaml, with \{'q_lr': 0.1, 'critic_kwargs': "
+                       r"\{'n': 3\}\}\)$"):
+        read_sweep_file(write(tmp_path, text))

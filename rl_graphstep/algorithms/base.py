@@ -104,6 +104,10 @@ class OffPolicyAlgorithm:
         """What the algorithm learns beside the actor and the critic, by checkpoint name."""
         return {"target_critic": self.target_critic}
 
+    def after_load(self) -> None:
+        """Set again what the config fixes and a loaded checkpoint overwrote (SAC's fixed
+        temperature): a resumed run trains with the settings it says it has."""
+
     # ------------------------------------------------------------------ shared by the losses
 
     def frozen_critic(self, observations: Tensor, actions: Tensor) -> Tensor:

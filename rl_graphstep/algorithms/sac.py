@@ -108,6 +108,13 @@ class SAC(OffPolicyAlgorithm):
         return {**super().learning_state(), "log_alpha": self.log_alpha}
 
     @torch.no_grad()
+    def after_load(self) -> None:
+        """Without autotune the temperature is ``--alpha``, not the checkpoint's: a resume
+        may change it."""
+        if not self.cfg.autotune:
+            self.log_alpha.fill_(math.log(self.cfg.alpha))
+
+    @torch.no_grad()
     def explore(self, actor: nn.Module, observations: Tensor, noise: Tensor | None = None
                 ) -> Tensor:
         """A sample of the policy (the actor's ``sample`` where it has one: the same draw

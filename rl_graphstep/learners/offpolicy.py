@@ -269,6 +269,24 @@ class OffPolicyLearner:
             if isinstance(part, Tensor):
                 with torch.no_grad():
                     part.copy_(state[name])
+            elif isinstance(part, torch.optim.Optimizer):
+                part.load_state_dict(_with_settings_of(part, state[name]))
             else:
                 part.load_state_dict(state[name])
+        self.algorithm.after_load()
         self.updates = int(state["updates"])
+
+
+def _with_settings_of(optimizer: torch.optim.Optimizer, saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` (an optimizer's state dict) with the settings of ``optimizer``'s groups in
+    place of its own: torch's ``load_state_dict`` takes every group setting from the saved
+    one, so a resumed run would keep its old learning rates whatever its config says (and
+    ``capturable``/``fused`` of the device it was trained on). Only the moments and step
+    counts are the run's. Groups that do not match are left for torch to refuse."""
+    groups = saved.get("param_groups")
+    if not isinstance(groups, list) or len(groups) != len(optimizer.param_groups):
+        return saved
+    own = [{k: v for k, v in group.items() if k not in ("params", "param_names")}
+           for group in optimizer.param_groups]
+    return {**saved, "param_groups": [{**group, **settings}
+                                      for group, settings in zip(groups, own, strict=True)]}
