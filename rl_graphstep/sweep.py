@@ -23,6 +23,7 @@ if __name__ == "__main__":
     startup_guard()
 
 import argparse
+import contextlib
 import csv
 import dataclasses
 import os
@@ -47,6 +48,7 @@ from rl_graphstep.cli import (
 from rl_graphstep.config import config_to_dict
 from rl_graphstep.console import say
 from rl_graphstep.errors import (
+    STOP_SIGNALS,
     ConfigError,
     RunFolderError,
     display_path,
@@ -419,7 +421,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     not learn (one line says how many), 2 on bad input,
     128 + the signal when stopped (Ctrl-C, SIGTERM or SIGHUP; ``--resume`` continues)."""
     argv = argument_list(argv, "rl_graphstep.sweep.main()", "['sweep.yaml', '--log-dir', 'runs']")
-    end_startup_guard()  # from here on a Ctrl-C is the KeyboardInterrupt handled below
+    # Tune leaves a Ctrl-C handler of its own behind: a Python caller gets its own back.
+    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    command = end_startup_guard()  # from here on a Ctrl-C is the KeyboardInterrupt handled below
+    try:
+        return _command_line(argv)
+    finally:
+        if not command:
+            for signum, handler in previous.items():
+                if handler is not None:
+                    with contextlib.suppress(ValueError):  # not the main thread
+                        signal.signal(signum, handler)
+
+
+def _command_line(argv: list[str] | None) -> int:
+    """The sweep of ``argv``, its outcome said in one line; the exit code (see :func:`main`)."""
     stopped_by: list[int] = []
     argv = list(sys.argv[1:] if argv is None else argv)
     go_on = "run the same command again: " + suggested_command("rl_graphstep.sweep", *argv)

@@ -72,7 +72,13 @@ def test_a_two_by_two_grid_on_a_local_ray(tmp_path: Path, monkeypatch: pytest.Mo
     pytest.importorskip("ray.tune")
     monkeypatch.chdir(tmp_path)
     (tmp_path / "grid.yaml").write_text(SWEEP)
+    import signal
+
+    handlers = [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)]
     assert main(["grid.yaml", "--log-dir", "runs"]) == 0
+    # Called from Python, it leaves the caller's stop handlers (Tune leaves a Ctrl-C one).
+    assert [signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)] == \
+        handlers
     sweep = tmp_path / "runs" / "grid"
     with (sweep / "results.csv").open() as f:
         rows = list(csv.DictReader(f))
