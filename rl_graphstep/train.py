@@ -38,6 +38,7 @@ from rl_graphstep.config import Config
 from rl_graphstep.console import say, summary_line
 from rl_graphstep.errors import (
     STOP_SIGNALS,
+    EnvError,
     NonFiniteUpdates,
     RLGraphstepError,
     TrainingInterrupted,
@@ -111,9 +112,12 @@ def _loop(run: Run, stops: list[int]) -> None:
             # len(buffer): a run resumed without its buffer first refills one batch.
             if len(learner.buffer) >= cfg.batch_size:
                 _start_learning(run)
-        rewards, terminations, truncations = collector.step(
-            progress.global_step, explore=progress.global_step >= cfg.learning_starts,
-            update=learner.update if learner.built else None)
+        try:
+            rewards, terminations, truncations = collector.step(
+                progress.global_step, explore=progress.global_step >= cfg.learning_starts,
+                update=learner.update if learner.built else None)
+        except EnvError as error:
+            raise _saved_before(run, error) from error
         progress.global_step += cfg.num_envs
         for env, episodic_return, length in progress.episode_stats.update(
                 rewards, terminations, truncations):
@@ -131,6 +135,21 @@ def _loop(run: Run, stops: list[int]) -> None:
                 stops[0], f"{_stop_name(stops[0])} at step {step}: checkpoint {saved} saved "
                 f"and logs flushed; continue with: "
                 f"{suggested_command('rl_graphstep.train', '--resume', str(run.run_dir))}")
+
+
+def _saved_before(run: Run, error: EnvError) -> EnvError:
+    """``error`` (an environment that failed in the middle of the run), after a checkpoint of
+    what the run has learned, where it has learned anything: an env that fails now and then
+    would otherwise take every update since the last --checkpoint-every with it. Its envs are
+    left out of the checkpoint (one of them failed half-way through a step): the resumed run
+    starts their episodes afresh."""
+    if not run.learner.built:  # random actions so far: nothing learned to keep
+        return error
+    saved = save_run(run.cfg, run.run_dir, run.progress, run.learner, run.collector,
+                     with_envs=False)
+    return EnvError(f"{error}; checkpoint {saved} saved: fix the environment, then continue "
+                    "with: " + suggested_command("rl_graphstep.train", "--resume",
+                                                 str(run.run_dir)))
 
 
 def _stop_name(signum: int) -> str:

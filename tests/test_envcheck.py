@@ -15,6 +15,8 @@ from fakes import SPACE_FAULTS
 from processtools import run
 
 from rl_graphstep import train
+from rl_graphstep.checkpoint import load_checkpoint
+from rl_graphstep.cli import suggested_command
 from rl_graphstep.envmake import make_env
 from rl_graphstep.errors import EnvError
 
@@ -122,12 +124,41 @@ def test_an_error_the_env_raises_in_a_worker_is_one_line(
                         r"up \(at tests/fakes\.py:\d+\)\n", err), err
 
 
-def test_a_fault_that_comes_late_is_caught_where_it_comes(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("vec_env", ["sync", "async"])
+def test_a_fault_that_comes_late_keeps_what_the_run_learned(
+        vec_env: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Caught where it comes (step 151), after a checkpoint of the updates made since
+    learning started: they were lost with every step since the last --checkpoint-every. The
+    env, fixed, resumes from there with fresh episodes."""
     env_id = "BreaksLate_step_shape-v0"
-    code = train.main([*SMALL, "--env", env_id, "--log-dir", str(tmp_path), "--run-name", "r"])
+    run_dir = tmp_path / "r"
+    code = train.main([*SMALL, "--env", env_id, "--vec-env", vec_env, "--log-dir",
+                       str(tmp_path), "--run-name", "r"])
     err = capsys.readouterr().err
-    assert (code, err) == (2, f"error: environment '{env_id}': {SPACE_FAULTS['step_shape']}\n")
+    saved = run_dir / "checkpoints" / "step_000000000150.pt"
+    resume = suggested_command("rl_graphstep.train", "--resume", str(run_dir))
+    assert (code, err) == (2, f"error: environment '{env_id}': {SPACE_FAULTS['step_shape']}; "
+                              f"checkpoint {saved} saved: fix the environment, then continue "
+                              f"with: {resume}\n")
+    state = load_checkpoint(run_dir)
+    assert (state["global_step"], state["envs"]) == (150, None)
+    # Steps 101-150 updated once each, and the failed step's update was made before it failed.
+    assert int(state["agent"]["updates"]) == 51
+    monkeypatch.setitem(gym.envs.registry[env_id].kwargs, "after", 10**9)  # fixed
+    with pytest.warns(UserWarning, match="their episodes restart on resume"):
+        assert train.main(["--resume", str(run_dir), "--total-timesteps", "400"]) == 0
+    assert load_checkpoint(run_dir)["global_step"] == 400
+
+
+def test_a_fault_before_learning_saves_nothing(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """Random actions teach nothing: no checkpoint, the line as it was."""
+    code = train.main([*SMALL, "--env", "BreaksLate_step_shape-v0", "--learning-starts", "200",
+                       "--log-dir", str(tmp_path), "--run-name", "r"])
+    assert (code, capsys.readouterr().err) == (
+        2, f"error: environment 'BreaksLate_step_shape-v0': {SPACE_FAULTS['step_shape']}\n")
+    assert not (tmp_path / "r" / "checkpoints").exists()
 
 
 def test_the_command_line_names_the_env_and_what_it_returned(tmp_path: Path) -> None:
