@@ -185,3 +185,25 @@ def test_an_env_whose_close_raises_is_a_warning_after_a_finished_run(
     assert len(closes) == 1
     assert re.fullmatch(r"the environment's close raised RuntimeError: close boom \(at "
                         r"tests/fakes\.py:\d+\); ignored", closes[0])
+
+
+class BadBounds(gym.Env):
+    """Declares an action space gymnasium refuses: low above high."""
+
+    def __init__(self) -> None:
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+        self.action_space = gym.spaces.Box(np.ones(1, np.float32), -np.ones(1, np.float32))
+
+
+def test_a_constructor_that_gymnasium_refuses_is_named_at_the_users_line() -> None:
+    """The line named gymnasium/spaces/box.py, not the env's own line that made the Box."""
+    gym.register("BadBounds-v0", entry_point=BadBounds)
+    try:
+        with pytest.raises(EnvError) as info:
+            make_env("BadBounds-v0")
+    finally:
+        del gym.envs.registry["BadBounds-v0"]
+    line = BadBounds.__init__.__code__.co_firstlineno + 2
+    assert re.fullmatch(r"environment 'BadBounds-v0' could not be made: ValueError: Box all "
+                        r"low values must be less than or equal to high .* \(at "
+                        rf"tests/test_envcheck\.py:{line}\)", str(info.value)), str(info.value)
