@@ -287,6 +287,9 @@ class EnvStepper:
                        else None)
         self.asynchronous = self._async is not None
         self._actions: np.ndarray | None = None
+        # True while an in-process env steps: code of the env's own, which a second stop
+        # signal may interrupt (see train.stop_requests).
+        self.in_env_step = False
 
     def start(self, actions: np.ndarray) -> None:
         if self._async is not None:
@@ -301,7 +304,11 @@ class EnvStepper:
             if self._async is not None:
                 return self._async.step_wait()
             actions, self._actions = self._actions, None
-            return self.envs.step(actions)
+            self.in_env_step = True
+            try:
+                return self.envs.step(actions)
+            finally:
+                self.in_env_step = False
         except EnvError:  # from SpaceCheck, in this process or a worker: already one line
             raise
         except Exception as exc:  # the env's own code (a custom env's step) failed
