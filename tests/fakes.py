@@ -221,6 +221,8 @@ class SpaceBreaker(gym.Env):
     def close(self) -> None:
         if self.fault == "close_raises":
             raise RuntimeError("close boom")
+        if self.fault == "close_hangs":
+            time.sleep(10_000)
 
 
 SPACE_FAULTS = {
@@ -241,7 +243,7 @@ SPACE_FAULTS = {
 }
 """What each fault's env returns, as the one line after ``environment 'ID': `` says it."""
 
-for _fault in ("none", "step_raises", "close_raises", *SPACE_FAULTS):
+for _fault in ("none", "step_raises", "close_raises", "close_hangs", *SPACE_FAULTS):
     # Registered on import, so that fakes:Breaks_<fault>-v0 makes them in a training
     # subprocess too. BreaksLate comes after 150 good steps, which took the check's fast path.
     gym.register(f"Breaks_{_fault}-v0", entry_point=SpaceBreaker, kwargs={"fault": _fault},

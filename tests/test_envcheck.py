@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
+import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -14,7 +16,7 @@ import pytest
 from fakes import SPACE_FAULTS
 from processtools import run
 
-from rl_graphstep import train
+from rl_graphstep import envcheck, train
 from rl_graphstep.checkpoint import load_checkpoint
 from rl_graphstep.cli import suggested_command
 from rl_graphstep.envmake import make_env
@@ -185,6 +187,26 @@ def test_an_env_whose_close_raises_is_a_warning_after_a_finished_run(
     assert len(closes) == 1
     assert re.fullmatch(r"the environment's close raised RuntimeError: close boom \(at "
                         r"tests/fakes\.py:\d+\); ignored", closes[0])
+
+
+def test_an_env_whose_close_hangs_is_left_after_a_finished_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """It held the finished run forever, Ctrl-C and SIGTERM only noted (evaluate never printed
+    its result): now a warning at the env's line once CLOSE_SECONDS have passed."""
+    monkeypatch.setattr(envcheck, "CLOSE_SECONDS", 0.5)
+    began = time.monotonic()
+    with pytest.warns(UserWarning) as caught:
+        code = train.main([*SMALL, "--env", "Breaks_close_hangs-v0", "--log-dir",
+                           str(tmp_path), "--run-name", "r"])
+    assert code == 0 and time.monotonic() - began < 60
+    assert capsys.readouterr().out.splitlines()[-1].startswith("done: 300 steps")
+    closes = [str(w.message) for w in caught if "close" in str(w.message)]
+    assert len(closes) == 1
+    assert re.fullmatch(r"the environment's close had not returned after 0\.5 s \(at "
+                        r"tests/fakes\.py:\d+\); left unclosed", closes[0]), closes
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL  # the timer's handler is gone
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
 class BadBounds(gym.Env):
