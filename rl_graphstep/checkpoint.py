@@ -45,7 +45,7 @@ import torch
 
 from rl_graphstep.config import plain_value
 from rl_graphstep.errors import CheckpointError, display_path, first_line
-from rl_graphstep.runfolders import CHECKPOINT_DIR, not_a_run
+from rl_graphstep.runfolders import CHECKPOINT_DIR, not_a_run, user_path
 
 __all__ = [
     "CHECKPOINT_DIR",
@@ -218,7 +218,7 @@ def find_checkpoint(run_dir_or_file: Path | str) -> Path:
         # Printed as is, a newline would split the one-line message; NUL is no path at all.
         raise CheckpointError(f"run folder {text!r} must not contain control characters "
                               "such as NUL or a newline")
-    path = Path(run_dir_or_file)
+    path = user_path(run_dir_or_file)
     shown = display_path(str(path))
     if path.is_file():
         return path

@@ -96,6 +96,11 @@ class Collector:
         self.observations = next_observations
         return rewards, terminations, truncations
 
+    @property
+    def in_env_step(self) -> bool:
+        """Whether the envs are stepping in this process now (in their own code)."""
+        return self._stepper.in_env_step
+
     def flush(self, global_step: int) -> None:
         """Store the last step's transition now (before a checkpoint, say)."""
         if self._pending is not None:

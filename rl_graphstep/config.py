@@ -16,6 +16,7 @@ from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.cli import type_name
 from rl_graphstep.errors import ConfigError
 from rl_graphstep.fieldtypes import typed_value
+from rl_graphstep.runfolders import user_path
 from rl_graphstep.seedgroup import (
     SEED_MAX,
     group_problem,
@@ -377,9 +378,16 @@ def unused_kwargs_problem(cfg: Config, *, actor: bool, critic: bool) -> str | No
     return None
 
 
+# Fields that name a folder or file: a leading ~ is the user's home (see user_path).
+_PATHS = ("log_dir", "resume")
+
+
 def _coerce(name: str, value: Any) -> Any:
     """Convert one YAML/dict value to the field's type; ConfigError names what was expected."""
-    return typed_value(name, FIELD_TYPES[name], value, switch=name in SWITCH_FIELDS)
+    value = typed_value(name, FIELD_TYPES[name], value, switch=name in SWITCH_FIELDS)
+    if name in _PATHS and isinstance(value, str) and value.startswith("~"):
+        value = str(user_path(value))
+    return value
 
 
 def coerce_mapping(data: Mapping[Any, Any], source: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import yaml
 from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.config import coerce_mapping
 from rl_graphstep.errors import ConfigError
+from rl_graphstep.runfolders import user_path
 
 if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11+; the package supports 3.10
     from importlib.resources.abc import Traversable
@@ -108,7 +109,7 @@ def read_yaml_mapping(path: Path | Traversable | str, kind: str = "config file"
                       ) -> dict[str, Any]:
     """One YAML file's top-level mapping, unchecked (empty for an empty file); a missing file,
     bad YAML or another top level is one line naming the ``kind`` of file."""
-    path = Path(path) if isinstance(path, str) else path
+    path = user_path(path) if isinstance(path, str) else path
     name = str(path)
     if not path.is_file():
         what = "is not a file" if isinstance(path, Path) and path.exists() else "does not exist"

@@ -8,8 +8,13 @@ wrappers), on every copy a run or an evaluation steps, in this process or in a w
 
 from __future__ import annotations
 
+import contextlib
 import reprlib
+import signal
+import threading
 import warnings
+from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import gymnasium as gym
@@ -87,15 +92,19 @@ class SpaceCheck(gym.Wrapper):
 
     def close(self) -> None:
         """Close the env; an error of its own is a warning, not a failed run: the run's
-        work is saved by then (and an async env's start closes a first copy)."""
+        work is saved by then (and an async env's start closes a first copy). So is a close
+        that has not returned after ``CLOSE_SECONDS``, where a timer can stop it (see
+        ``_time_limit``): it held a finished run, its signals only noted, until kill -9."""
         try:
-            self.env.close()
+            with _time_limit(CLOSE_SECONDS):
+                self.env.close()
+        except _TimedOut as exc:
+            where = user_location(exc)
+            _warn_at_user_line(f"the environment's close had not returned after "
+                               f"{CLOSE_SECONDS:g} s" + (f" (at {where})" if where else "")
+                               + "; left unclosed", exc)
         except Exception as exc:
-            # Shown at the user's line, not at gymnasium's wrapper that called close.
-            frame = user_frame(exc)
-            warnings.warn_explicit(f"{raised_line('close', exc)}; ignored", UserWarning,
-                                   frame.filename if frame else __file__,
-                                   (frame.lineno or 0) if frame else 0)
+            _warn_at_user_line(f"{raised_line('close', exc)}; ignored", exc)
 
     def _check_step(self, observation: Any, reward: Any, terminated: Any, truncated: Any,
                     info: Any) -> None:
@@ -126,6 +135,48 @@ class SpaceCheck(gym.Wrapper):
 
     def _refuse(self, method: str, what: str) -> None:
         raise EnvError(f"environment {self.env_id!r}: {method} returned {what}")
+
+
+def _warn_at_user_line(message: str, exc: BaseException) -> None:
+    """A warning shown at the user's line ``exc`` came from, not at gymnasium's wrapper that
+    called close."""
+    frame = user_frame(exc)
+    warnings.warn_explicit(message, UserWarning, frame.filename if frame else __file__,
+                           (frame.lineno or 0) if frame else 0)
+
+
+# How long an env's close may take before the run (or evaluation) goes on without it.
+CLOSE_SECONDS = 10.0
+
+
+class _TimedOut(BaseException):
+    """Raised into a close that took too long: a BaseException, so that the env's own
+    ``except Exception`` does not take it for an error of its own and carry on."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """Raise ``_TimedOut`` into the block once ``seconds`` have passed, by SIGALRM: where the
+    platform has it, on the main thread (where Python runs signal handlers) and when no other
+    timer of the process is set; elsewhere the block runs unlimited."""
+    if (not hasattr(signal, "setitimer") or threading.current_thread() is not
+            threading.main_thread() or signal.getitimer(signal.ITIMER_REAL)[0] > 0):
+        yield
+        return
+    running = True
+
+    def expire(_signum: int, _frame: FrameType | None) -> None:
+        if running:  # not once the block has ended, just before the timer is cleared
+            raise _TimedOut
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        running = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL if previous is None else previous)
 
 
 def _is_number(value: Any, kinds: str) -> bool:

@@ -184,15 +184,19 @@ def check_continuous_spaces(
                        f"real-valued actions); {env_id} has {action_space}: declare a float32 "
                        "Box and round the actions in the environment")
     low, high = action_space.low, action_space.high
-    with np.errstate(over="ignore"):
-        width = high - low  # as scale_action computes it, in the space's dtype
     if not (np.all(np.isfinite(low)) and np.all(np.isfinite(high))):
         raise EnvError(
             f"{name} needs an action space with finite bounds; {env_id} has {action_space}"
         )
-    if not np.all(np.isfinite(width)):
-        raise EnvError(f"{name} needs action bounds whose width (high - low) is a finite "
-                       f"{action_space.dtype}; {env_id} has {action_space}")
+    # The width as scale_action computes it, in the space's dtype, and as the policy's action
+    # pipe does, in float32: a float64 space's bounds past float32's range would give the
+    # env inf or nan actions from the first policy step on.
+    for dtype in (np.dtype(np.float32), action_space.dtype):
+        with np.errstate(over="ignore"):
+            width = high.astype(dtype) - low.astype(dtype)
+        if not np.all(np.isfinite(width)):
+            raise EnvError(f"{name} needs action bounds whose width (high - low) is a finite "
+                           f"{dtype}; {env_id} has {action_space}")
     if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
         raise EnvError(
             f"{name} needs a flat Box observation space; {env_id} has {observation_space} "
@@ -283,6 +287,9 @@ class EnvStepper:
                        else None)
         self.asynchronous = self._async is not None
         self._actions: np.ndarray | None = None
+        # True while an in-process env steps: code of the env's own, which a second stop
+        # signal may interrupt (see train.stop_requests).
+        self.in_env_step = False
 
     def start(self, actions: np.ndarray) -> None:
         if self._async is not None:
@@ -297,7 +304,11 @@ class EnvStepper:
             if self._async is not None:
                 return self._async.step_wait()
             actions, self._actions = self._actions, None
-            return self.envs.step(actions)
+            self.in_env_step = True
+            try:
+                return self.envs.step(actions)
+            finally:
+                self.in_env_step = False
         except EnvError:  # from SpaceCheck, in this process or a worker: already one line
             raise
         except Exception as exc:  # the env's own code (a custom env's step) failed

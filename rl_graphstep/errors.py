@@ -9,6 +9,8 @@ import sysconfig
 import traceback
 from pathlib import Path
 
+import gymnasium
+import numpy
 import torch
 
 
@@ -32,10 +34,12 @@ class CompileError(CaptureError):
     """An update could not be compiled (``torch.compile``) before its capture."""
 
 
-# Frames in these folders are the library's, not the user's: a message names the user's line.
+# Frames in these folders are the library's, not the user's: a message names the user's line
+# (an env whose constructor gives gymnasium's Box low > high is wrong at its own line, not in
+# gymnasium/spaces/box.py).
 _LIBRARY_DIRS = tuple(
-    os.path.realpath(folder) + os.sep
-    for folder in (os.path.dirname(torch.__file__), os.path.dirname(__file__))
+    os.path.realpath(os.path.dirname(path)) + os.sep
+    for path in (torch.__file__, gymnasium.__file__, numpy.__file__, __file__)
 )
 # The interpreter's standard library (importlib's frames, say) is not the user's either; its
 # site-packages, which may lie inside it, can be.

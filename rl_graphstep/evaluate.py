@@ -62,7 +62,7 @@ from rl_graphstep.netspec import make_networks, run_relative
 from rl_graphstep.plan import resolve_device
 from rl_graphstep.plugins import NetworkSpec, load_network_classes
 from rl_graphstep.rundir import check_writable_folder
-from rl_graphstep.runfolders import group_seed_folder
+from rl_graphstep.runfolders import group_seed_folder, user_path
 from rl_graphstep.seeds import SeedStack
 
 __all__ = ["EvaluationResult", "GroupEvaluation", "evaluate", "main"]
@@ -208,7 +208,7 @@ def _seed_folder(run_dir: Path | str, group_seed: int | None, asked: str
     """A group's seed folder ``<group>/seed_<s>`` as the group's folder and seed ``s`` (the
     folder holds that seed's logs, the group's folder its checkpoints); other paths as given.
     ``asked``: how the seed was asked for, for the messages."""
-    path = Path(run_dir)
+    path = user_path(run_dir)
     seed_folder = group_seed_folder(path)
     if seed_folder is None:
         return run_dir, group_seed, asked

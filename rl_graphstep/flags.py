@@ -36,6 +36,7 @@ from rl_graphstep.configfile import (
     read_config_file,
 )
 from rl_graphstep.errors import ConfigError, display_path
+from rl_graphstep.runfolders import user_path
 from rl_graphstep.seedgroup import check_resumed_seeds, check_seed_flags, group_seeds
 
 if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11+; the package supports 3.10
@@ -126,7 +127,7 @@ def help_defaults(argv: Sequence[str] | None) -> ShownDefaults | None:
         return ShownDefaults({}, None, "Built-in defaults shown; with --resume the run's "
                              "saved config replaces them.")
     if seen.config is not None:  # it may set env_id and algo itself
-        return _file_defaults(Path(seen.config), seen.config, "", keep_choice=True)
+        return _file_defaults(user_path(seen.config), seen.config, "", keep_choice=True)
     env_id, algo = seen.env_id or FIELDS["env_id"].default, seen.algo or FIELDS["algo"].default
     problem = value_problem("algo", algo)
     if problem:
@@ -284,7 +285,7 @@ def check_resumed_folder(resume: str, given: Mapping[str, Any]) -> None:
     another would be recorded in its checkpoints while it does not."""
     folder = run_folder_of(find_checkpoint(resume))
     moved = [name for name, differs in (
-        ("log_dir", lambda v: Path(v).resolve() != folder.parent.resolve()),
+        ("log_dir", lambda v: user_path(v).resolve() != folder.parent.resolve()),
         ("run_name", lambda v: v != folder.name)) if name in given and differs(given[name])]
     if moved:
         flags = " and ".join(flag_of(name) for name in moved)

@@ -125,6 +125,9 @@ def import_from_here(module_name: str) -> Any:
 
 def _module_from_file(spec: str, location: str) -> Any:
     path = Path(location).expanduser()
+    if path.is_dir():
+        raise ConfigError(f"{location!r} for {spec!r} is a folder, not a Python file; give "
+                          "the file that defines the class: path/to/file.py:ClassName")
     if not path.is_file():
         relative = "" if path.is_absolute() else f" (relative paths are taken from {os.getcwd()})"
         raise ConfigError(f"file {location!r} for {spec!r} does not exist{relative}")

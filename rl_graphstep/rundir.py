@@ -71,8 +71,8 @@ _NAME_MAX = 255
 
 def check_run_dir(path: Path) -> None:
     """Raise ``ConfigError`` (one line, nothing made) when the run folder ``path`` cannot be
-    made or written: a file stands where a folder of it must be, the nearest folder that
-    exists is not writable, or a name in it is too long."""
+    made or written: a file (or a link to nothing) stands where a folder of it must be, the
+    nearest folder that exists is not writable, or a name in it is too long."""
     fix = "pick another --log-dir or --run-name"
     for part in path.parts:
         if len(os.fsencode(part)) > _NAME_MAX:
@@ -80,6 +80,10 @@ def check_run_dir(path: Path) -> None:
                               f"longer than {_NAME_MAX} bytes; {fix}")
     existing = path
     while not existing.exists() and existing != existing.parent:
+        if existing.is_symlink():  # a broken link: making the folders would say "File exists"
+            raise ConfigError(f"cannot make the run folder {path}: {existing} is a link to "
+                              f"{os.readlink(existing)}, which does not exist; make that "
+                              f"folder or remove the link, or {fix}")
         existing = existing.parent
     if not existing.is_dir():
         raise ConfigError(f"cannot make the run folder {path}: {existing} is a file, not a "

@@ -4,6 +4,7 @@ is not a run, the line that says what it is and what to give instead."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -19,6 +20,13 @@ SWEEP_STATE_DIR = ".tune"
 """The folder of a sweep (``<log-dir>/<sweep>/``) that holds Ray Tune's state."""
 
 _SEED_DIR = re.compile(r"seed_(\d+)")
+
+
+def user_path(path: str | os.PathLike[str]) -> Path:
+    """A path the user gave, with a leading ``~`` or ``~user`` made their home folder as a
+    shell makes it: ``--log-dir=~/runs``, a quoted ``'~/runs'`` and a YAML ``log_dir: ~/runs``
+    reach the program unexpanded, and would otherwise make a folder named ``~`` here."""
+    return Path(os.path.expanduser(path))
 
 
 def seed_dir_name(seed: int) -> str:

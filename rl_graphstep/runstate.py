@@ -131,8 +131,9 @@ def _pickled_envs(envs: gym.vector.VectorEnv) -> bytes | None:
 
 
 def save_run(cfg: Config, run_dir: Path, progress: Progress, learner: OffPolicyLearner,
-             collector: Collector) -> Path:
-    """Write a checkpoint of the run as it stands (the last transition stored first)."""
+             collector: Collector, *, with_envs: bool = True) -> Path:
+    """Write a checkpoint of the run as it stands (the last transition stored first);
+    without the envs' state where ``with_envs`` is false (their episodes restart on resume)."""
     collector.flush(progress.global_step)
     policy = collector.policy
     staged = policy.staged_actor() if policy is not None else []
@@ -146,7 +147,7 @@ def save_run(cfg: Config, run_dir: Path, progress: Progress, learner: OffPolicyL
         "episode_stats": progress.episode_stats.state_dict(),
         "agent": learner.state_dict(),
         "rng": rng_state(),
-        "envs": _pickled_envs(collector.envs),
+        "envs": _pickled_envs(collector.envs) if with_envs else None,
         "observations": collector.observations,
         "buffer": collector.buffer.state_dict() if cfg.save_buffer else None,
         "staged_actor": staged or None,

@@ -19,7 +19,8 @@ import gc
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -38,6 +39,7 @@ from rl_graphstep.config import Config
 from rl_graphstep.console import say, summary_line
 from rl_graphstep.errors import (
     STOP_SIGNALS,
+    EnvError,
     NonFiniteUpdates,
     RLGraphstepError,
     TrainingInterrupted,
@@ -92,7 +94,8 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None,
             run.report = report
             # stop_requests first, so it is left last: a second Ctrl-C while the first one's
             # checkpoint is saved, the envs closed or the logs flushed is noted, not raised.
-            with stop_requests() as stops, run.log, contextlib.closing(run.collector.envs):
+            with stop_requests(lambda: run.collector.in_env_step) as stops, run.log, \
+                    contextlib.closing(run.collector.envs):
                 # Output nobody reads any more stops the run as a signal would: with a save.
                 run.log.bar.on_lost = lambda: stops.append(signal.SIGPIPE)
                 run.log.bar.write(run.first_line)
@@ -116,9 +119,14 @@ def _loop(run: Run, stops: list[int]) -> None:
             # len(buffer): a run resumed without its buffer first refills one batch.
             if len(learner.buffer) >= cfg.batch_size:
                 _start_learning(run)
-        rewards, terminations, truncations = collector.step(
-            progress.global_step, explore=progress.global_step >= cfg.learning_starts,
-            update=learner.update if learner.built else None)
+        try:
+            rewards, terminations, truncations = collector.step(
+                progress.global_step, explore=progress.global_step >= cfg.learning_starts,
+                update=learner.update if learner.built else None)
+        except EnvError as error:
+            raise _saved_before(run, error) from error
+        except StepInterrupted as interrupted:
+            raise _interrupted_step(run, interrupted.signum) from None
         progress.global_step += cfg.num_envs
         for env, episodic_return, length in progress.episode_stats.update(
                 rewards, terminations, truncations):
@@ -136,6 +144,37 @@ def _loop(run: Run, stops: list[int]) -> None:
                 stops[0], f"{_stop_name(stops[0])} at step {step}: checkpoint {saved} saved "
                 f"and logs flushed; continue with: "
                 f"{suggested_command('rl_graphstep.train', '--resume', str(run.run_dir))}")
+
+
+def _saved_before(run: Run, error: EnvError) -> EnvError:
+    """``error`` (an environment that failed in the middle of the run), after a checkpoint of
+    what the run has learned, where it has learned anything: an env that fails now and then
+    would otherwise take every update since the last --checkpoint-every with it. Its envs are
+    left out of the checkpoint (one of them failed half-way through a step): the resumed run
+    starts their episodes afresh."""
+    if not run.learner.built:  # random actions so far: nothing learned to keep
+        return error
+    saved = save_run(run.cfg, run.run_dir, run.progress, run.learner, run.collector,
+                     with_envs=False)
+    return EnvError(f"{error}; checkpoint {saved} saved: fix the environment, then continue "
+                    "with: " + suggested_command("rl_graphstep.train", "--resume",
+                                                 str(run.run_dir)))
+
+
+def _interrupted_step(run: Run, signum: int) -> TrainingInterrupted:
+    """The stop of a run whose env step was interrupted by a second stop signal: a checkpoint
+    of what it learned (without the envs, stopped half-way through their step)."""
+    step = run.progress.global_step
+    what = f"{_stop_name(signum)} again while the environment's step had not returned"
+    if not run.learner.built:
+        return TrainingInterrupted(signum, f"{what}: interrupted at step {step}, before "
+                                           "learning started (nothing to save)")
+    saved = save_run(run.cfg, run.run_dir, run.progress, run.learner, run.collector,
+                     with_envs=False)
+    return TrainingInterrupted(
+        signum, f"{what}: interrupted at step {step}; checkpoint {saved} saved (without the "
+        f"environments, whose episodes restart) and logs flushed; continue with: "
+        f"{suggested_command('rl_graphstep.train', '--resume', str(run.run_dir))}")
 
 
 def _stop_name(signum: int) -> str:
@@ -241,15 +280,33 @@ def _summary(run: Run) -> dict[str, Any]:
     }
 
 
+class StepInterrupted(BaseException):
+    """A second stop signal while an environment was stepping in this process: its step may
+    never return (a simulator that hangs). A BaseException, so that no ``except Exception``
+    of the env's (or of the checks around it) takes it for the env's own error."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 @contextlib.contextmanager
-def stop_requests() -> Iterator[list[int]]:
+def stop_requests(in_env_step: Callable[[], bool] = lambda: False) -> Iterator[list[int]]:
     """Ctrl-C, SIGTERM and SIGHUP append their number to the yielded list instead of raising,
     so the loop can finish its step and save; the previous handlers come back afterwards. A
     signal ignored when the run starts stays ignored: ``nohup`` asked to live on past the
-    terminal's SIGHUP."""
+    terminal's SIGHUP. A second one while ``in_env_step()`` raises ``StepInterrupted`` there:
+    an env step that never returns would otherwise leave only ``kill -9``, losing the run's
+    work since its last checkpoint."""
     requested: list[int] = []
+
+    def request(signum: int, _frame: FrameType | None) -> None:
+        requested.append(signum)
+        if len(requested) > 1 and in_env_step():
+            raise StepInterrupted(signum)
+
     try:
-        previous = {s: signal.signal(s, lambda signum, _frame: requested.append(signum))
+        previous = {s: signal.signal(s, request)
                     for s in STOP_SIGNALS if signal.getsignal(s) is not signal.SIG_IGN}
     except ValueError:  # not the main thread: signals cannot be caught here
         yield requested

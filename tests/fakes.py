@@ -3,6 +3,9 @@ return NaN or inf now and then."""
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -218,6 +221,8 @@ class SpaceBreaker(gym.Env):
     def close(self) -> None:
         if self.fault == "close_raises":
             raise RuntimeError("close boom")
+        if self.fault == "close_hangs":
+            time.sleep(10_000)
 
 
 SPACE_FAULTS = {
@@ -238,7 +243,7 @@ SPACE_FAULTS = {
 }
 """What each fault's env returns, as the one line after ``environment 'ID': `` says it."""
 
-for _fault in ("none", "step_raises", "close_raises", *SPACE_FAULTS):
+for _fault in ("none", "step_raises", "close_raises", "close_hangs", *SPACE_FAULTS):
     # Registered on import, so that fakes:Breaks_<fault>-v0 makes them in a training
     # subprocess too. BreaksLate comes after 150 good steps, which took the check's fast path.
     gym.register(f"Breaks_{_fault}-v0", entry_point=SpaceBreaker, kwargs={"fault": _fault},
@@ -249,3 +254,20 @@ gym.register("IntActions-v0", entry_point=SpaceBreaker,
              kwargs={"action_space": gym.spaces.Box(-5, 5, (2,), np.int64)})
 gym.register("NoActions-v0", entry_point=SpaceBreaker,
              kwargs={"action_space": gym.spaces.Box(-1.0, 1.0, (0,), np.float32)})
+
+
+class HangingStep(SpaceBreaker):
+    """From its step ``after`` on, a step that never returns (a simulator that hung), having
+    first made the file that ``HANGING_STEP_MARKER`` names, so a test knows it hangs."""
+
+    def step(self, action: np.ndarray) -> Any:
+        if self.steps >= self.after:
+            marker = os.environ.get("HANGING_STEP_MARKER")
+            if marker:
+                Path(marker).touch()
+            time.sleep(10_000)
+        return super().step(action)
+
+
+gym.register("HangsLate-v0", entry_point=HangingStep, kwargs={"after": 150},
+             max_episode_steps=100)

@@ -199,7 +199,15 @@ def test_an_int_action_space_is_refused_naming_the_env_and_the_space() -> None:
     (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Box(-3e38, 3e38, (1,)),
      "SAC needs action bounds whose width (high - low) is a finite float32; Odd-v0 has "
      "Box(-3e+38, 3e+38, (1,), float32)"),
-], ids=["no actions", "no observations", "too wide"])
+    # float64 bounds past float32's range: the policy's float32 actions would be inf or nan
+    # (they were, from the first policy step on).
+    (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Box(-1e300, 1e300, (1,), np.float64),
+     "SAC needs action bounds whose width (high - low) is a finite float32; Odd-v0 has "
+     "Box(-1e+300, 1e+300, (1,), float64)"),
+    (gym.spaces.Box(-1, 1, (4,)), gym.spaces.Box(-6e4, 6e4, (1,), np.float16),
+     "SAC needs action bounds whose width (high - low) is a finite float16; Odd-v0 has "
+     "Box(-6e+04, 6e+04, (1,), float16)"),
+], ids=["no actions", "no observations", "too wide", "past float32", "too wide in float16"])
 def test_spaces_the_agent_cannot_act_in_are_refused(observation_space: gym.Space,
                                                     action_space: gym.Space,
                                                     message: str) -> None:

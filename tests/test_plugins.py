@@ -82,6 +82,16 @@ def test_missing_file(tmp_path: Path) -> None:
         load_class(f"{tmp_path / 'nope.py'}:X")
 
 
+def test_a_folder_is_not_taken_for_a_missing_file(tmp_path: Path) -> None:
+    """It said the folder 'does not exist'."""
+    (tmp_path / "nets").mkdir()
+    with pytest.raises(ConfigError) as info:
+        load_class(f"{tmp_path}/nets:Actor")
+    assert str(info.value) == (f"'{tmp_path}/nets' for '{tmp_path}/nets:Actor' is a folder, not "
+                               "a Python file; give the file that defines the class: "
+                               "path/to/file.py:ClassName")
+
+
 def test_missing_class_lists_up_to_five_defined(bad_file: Path) -> None:
     with pytest.raises(ConfigError) as info:
         load_class(f"{bad_file}:Missing")

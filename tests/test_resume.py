@@ -24,6 +24,7 @@ from rl_graphstep.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from rl_graphstep.cli import suggested_command
 from rl_graphstep.config import config_to_dict
 from rl_graphstep.flags import load_config
 from rl_graphstep.rundir import RunLock
@@ -185,6 +186,41 @@ def test_a_signal_saves_flushes_and_resumes(signum: int, code: int, tmp_path: Pa
     assert main(["--resume", str(tmp_path / "run"), "--total-timesteps",
                  str(stopped_at + 100)]) == 0
     assert load_checkpoint(tmp_path / "run")["global_step"] == stopped_at + 100
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_second_signal_interrupts_an_env_step_that_never_returns(
+        signum: int, code: int, tmp_path: Path, children: Children) -> None:
+    """The first signal waits for the step to end, as ever; the second, while the env has
+    not returned, interrupts it and saves what the run learned (no signal did anything: only
+    kill -9 ended the run, losing everything since its last checkpoint)."""
+    marker = tmp_path / "hanging"
+    env = {**os.environ, "HANGING_STEP_MARKER": str(marker),
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    run_dir = tmp_path / "run"
+    process = children.python(
+        "-m", "rl_graphstep.train", "--env", "fakes:HangsLate-v0", "--device", "cpu",
+        "--learning-starts", "100", "--batch-size", "32", "--hidden-sizes", "16",
+        "--no-progress", "--total-timesteps", "1000", "--log-dir", str(tmp_path),
+        "--run-name", "run", cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.stderr.read()
+        time.sleep(0.1)
+    process.send_signal(signum)
+    time.sleep(1)
+    assert process.poll() is None  # the first waits for a step that does not end
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=60)
+    name = signal.Signals(signum).name
+    saved = run_dir / "checkpoints" / "step_000000000150.pt"
+    resume = suggested_command("rl_graphstep.train", "--resume", str(run_dir))
+    assert (process.returncode, stderr) == (code, (
+        f"stopped: {name} again while the environment's step had not returned: interrupted "
+        f"at step 150; checkpoint {saved} saved (without the environments, whose episodes "
+        f"restart) and logs flushed; continue with: {resume}\n"))
+    state = load_checkpoint(run_dir)
+    assert (state["global_step"], state["envs"]) == (150, None)
 
 
 @pytest.mark.parametrize("errors", ["apart", "with the output"])

@@ -254,6 +254,42 @@ def test_a_broken_link_for_a_folder_is_named_with_its_target(in_tmp: Path) -> No
     assert sorted(p.name for p in in_tmp.iterdir()) == ["checkpoints"]  # the probe is gone
 
 
+def test_a_log_dir_that_is_a_broken_link_is_named_with_its_target(
+        in_tmp: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """It was 'cannot make the lock file links/x/.lock (File exists)'."""
+    Path("links").symlink_to("/no/such/disk")
+    assert main([*RUN_X, "--log-dir", "links/deeper", "--total-timesteps", "150"]) == 2
+    assert capsys.readouterr() == ("", "error: cannot make the run folder links/deeper/x: links "
+                                       "is a link to /no/such/disk, which does not exist; make "
+                                       "that folder or remove the link, or pick another "
+                                       "--log-dir or --run-name\n")
+    assert sorted(p.name for p in Path().iterdir()) == ["links"]
+
+
+def test_a_leading_tilde_is_the_home_folder(in_tmp: Path, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """``--log-dir=~/runs`` (no shell expands a ~ after =), a quoted '~' and a YAML value
+    made a folder named ~ in the current one, and evaluate or --resume of '~/...' said it
+    did not exist."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    run = [arg for arg in RUN_X if arg not in ("--log-dir", "runs")]
+    result = run_python("-m", "rl_graphstep.train", *run, "--log-dir=~/runs",
+                        "--total-timesteps", "150", capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"{home}/runs/x: SAC on Pendulum-v1")
+    assert load_checkpoint(home / "runs" / "x")["config"]["log_dir"] == f"{home}/runs"
+    assert sorted(p.name for p in Path().iterdir()) == ["home"]  # no folder named ~ here
+    assert evaluate_main(["~/runs/x", "--episodes", "1", "--device", "cpu"]) == 0
+    assert main(["--resume", "~/runs/x", "--log-dir", "~/runs", "--total-timesteps", "300"]) == 0
+    assert load_checkpoint("~/runs/x")["global_step"] == 300
+    Path("home/tilde.yaml").write_text("log_dir: ~/from_yaml\n")
+    assert load_config(["--config", "~/tilde.yaml"]).log_dir == f"{home}/from_yaml"
+    assert capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("seeds", [1, 2])
 def test_a_run_started_again_after_one_that_saved_nothing_logs_each_step_once(
         in_tmp: Path, capsys: pytest.CaptureFixture[str], seeds: int) -> None:

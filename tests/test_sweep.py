@@ -470,7 +470,12 @@ def test_a_retried_trial_without_a_checkpoint_logs_each_step_once(
     pytest.importorskip("ray.tune")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    marker = failing_sweep(tmp_path, monkeypatch, "over", FAIL_ONCE)  # no checkpoint before 400
+    marker = failing_sweep(tmp_path, monkeypatch, "over", FAIL_ONCE)
+    # Failing before learning starts, it saves no checkpoint (one that fails later keeps what
+    # it learned in one): its retry starts over.
+    sweep_file = tmp_path / "over.yaml"
+    sweep_file.write_text(sweep_file.read_text().replace("learning_starts: 200",
+                                                         "learning_starts: 300"))
     assert main(["over.yaml", "--log-dir", "runs", "--max-failures", "1"]) == 0
     assert not marker.exists()  # the first attempt failed at its 250th step
     sweep = tmp_path / "runs" / "over"
