@@ -56,7 +56,7 @@ from rl_graphstep.errors import (
     os_error_line,
 )
 from rl_graphstep.rundir import LOCK_FILE, RunLock
-from rl_graphstep.runfolders import SWEEP_STATE_DIR
+from rl_graphstep.runfolders import SWEEP_STATE_DIR, user_path
 from rl_graphstep.sweepfile import (
     SweepSpec,
     checked_points,
@@ -442,6 +442,9 @@ def _command_line(argv: list[str] | None) -> int:
     try:
         args = _parser().parse_args(argv)
         _given_flags(args)  # checked before the file is read, Ray started or a folder made
+        # A leading ~ that no shell expanded (--log-dir=~/runs, a quoted '~/grid.yaml').
+        args.log_dir, args.sweep_file = (str(user_path(args.log_dir)),
+                                         str(user_path(args.sweep_file)))
         spec = read_sweep_file(args.sweep_file)
         if args.address is None and not os.environ.get("RAY_ADDRESS"):
             problem = local_device_problem(spec)

@@ -613,3 +613,16 @@ def test_an_empty_log_dir_is_one_line(tmp_path: Path, monkeypatch: pytest.Monkey
     assert capsys.readouterr().err == ("error: --log-dir must not be empty; give the folder the "
                                        "sweep's folder goes in, such as runs\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["grid.yaml"]
+
+
+def test_a_leading_tilde_is_the_home_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """``--log-dir=~/x`` and a quoted ``'~/grid.yaml'`` reach the program unexpanded; they are
+    the home folder's, as train takes them, not a folder named ``~`` here."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "grid.yaml").write_text(SWEEP)
+    assert main(["~/grid.yaml", "--log-dir=~/elsewhere", "--resume"]) == 2
+    assert capsys.readouterr().err == (f"error: {tmp_path}/elsewhere/grid holds no sweep to "
+                                       "resume; run it without --resume\n")
+    assert not (tmp_path / "~").exists()
