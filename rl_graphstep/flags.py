@@ -239,10 +239,8 @@ def load_config(argv: Sequence[str] | None = None, *,
                         f"{type_name(base)}")
     given = command_line_values(argv)
     config_file = given.pop("config", None)
-    state = None
     if base is None and given.get("resume") is not None:
-        state = load_checkpoint(given["resume"])
-        base = state["config"]
+        base = load_checkpoint(given["resume"])["config"]
     if base is not None:
         if config_file is not None:
             raise ConfigError("--config cannot be combined with --resume: a resumed run keeps "
@@ -254,10 +252,7 @@ def load_config(argv: Sequence[str] | None = None, *,
         check_resumed_task(saved, given)
         if given.get("resume") is not None and ("run_name" in given or "log_dir" in given):
             check_resumed_folder(given["resume"], given)
-        cfg = Config(**{**saved, **given})
-        if state is not None:
-            check_refill(cfg, int(state["global_step"]), buffer_rows(state.get("buffer")))
-        return cfg
+        return Config(**{**saved, **given})
     if config_file is None:
         # The env's shipped file for the --algo given (a --config file replaces it altogether).
         env_id = given.get("env_id", FIELDS["env_id"].default)
@@ -291,33 +286,3 @@ def check_resumed_folder(resume: str, given: Mapping[str, Any]) -> None:
         flags = " and ".join(flag_of(name) for name in moved)
         raise ConfigError(f"{flags} cannot be combined with --resume: the resumed run keeps its "
                           f"folder and name ({display_path(str(folder))}); drop {flags}")
-
-
-def check_refill(cfg: Config, step: int, stored: int) -> None:
-    """Refuse a resume whose steps left could not refill its replay buffer (resumed with the
-    ``stored`` rows its checkpoint held, none without ``--save-buffer``) to one batch before
-    its last iteration, the last that may update: it would make no update at all, and exit
-    0 with a policy it did not train. (A sweep's trial resumed near its end is not checked:
-    it finishes what its stopped attempt began.)"""
-    left, n = cfg.total_timesteps - step, cfg.num_envs
-    # Each seed's rows when its last iteration starts (each stores n rows, and the loop
-    # goes on while the step is below the total).
-    at_last = stored + (-(-left // n) - 1) * n
-    if left <= 0 or at_last >= cfg.batch_size:
-        return  # nothing to train (said by the last line), or a batch is reached
-    held = ("holds no replay buffer (saved only with --save-buffer)" if stored == 0 else
-            f"holds {stored:,} replay rows")
-    raise ConfigError(
-        f"--total-timesteps {cfg.total_timesteps} leaves {left:,} steps after step {step:,}, "
-        f"and the checkpoint {held}: the buffer would hold {max(at_last, 0):,} rows at the "
-        f"last step, fewer than one --batch-size batch of {cfg.batch_size:,}, so no update "
-        f"would run; raise --total-timesteps to at least "
-        f"{step + -(-(cfg.batch_size - stored) // n) * n + 1}, or lower --batch-size")
-
-
-def buffer_rows(state: Mapping[str, Any] | None) -> int:
-    """The rows a checkpoint's replay buffer holds (a group's least filled seed's, which
-    decides whether it can update); 0 when it was not saved."""
-    if state is None:
-        return 0
-    return int(min(state["sizes"])) if "sizes" in state else int(state["size"])
