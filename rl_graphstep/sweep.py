@@ -175,8 +175,11 @@ def trial_resumes(folder: Path) -> bool:
 
 
 def _parser() -> argparse.ArgumentParser:
+    # The module's docstring as plain text: its paragraphs whole (argparse's first line alone
+    # stopped mid-sentence) and without reStructuredText's double backquotes.
     parser = OneLineParser(prog="python -m rl_graphstep.sweep",
-                           description=__doc__.splitlines()[0])
+                           description=__doc__.replace("``", "").strip(),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("sweep_file", help="the sweep's YAML file")
     parser.add_argument("--log-dir", default="runs", help="where the sweep's folder goes")
     parser.add_argument("--address", help="a running Ray cluster (auto, host:port, "

@@ -626,3 +626,16 @@ def test_a_leading_tilde_is_the_home_folder(tmp_path: Path, monkeypatch: pytest.
     assert capsys.readouterr().err == (f"error: {tmp_path}/elsewhere/grid holds no sweep to "
                                        "resume; run it without --resume\n")
     assert not (tmp_path / "~").exists()
+
+
+def test_the_help_says_what_a_sweep_is_in_whole_sentences(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """It stopped mid-sentence ("each trial is one ``train()`` call that") with RST quotes."""
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert ("each trial is one train() call that\ntrains the sweep's seeds as one group, and "
+            "reports the group's returns at each log interval.") in out
+    assert "python -m rl_graphstep.sweep configs/sweeps/sac_pendulum.yaml" in out
+    assert "``" not in out
