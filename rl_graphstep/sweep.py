@@ -296,6 +296,8 @@ def _tune(spec: SweepSpec, args: argparse.Namespace, flags: SweepFlags, stopped_
     from ray import tune
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
+    from rl_graphstep.sweepprogress import SweepProgress
+
     tune_dir = sweep_dir / SWEEP_STATE_DIR
     local = args.address is None and not os.environ.get("RAY_ADDRESS")
     with started_ray(args.address, stopped_by):
@@ -319,7 +321,9 @@ def _tune(spec: SweepSpec, args: argparse.Namespace, flags: SweepFlags, stopped_
                                             search_alg=search),
                 run_config=tune.RunConfig(
                     name=spec.name, storage_path=str(tune_dir), verbose=0,
-                    callbacks=[JsonLoggerCallback(), CSVLoggerCallback()],
+                    callbacks=[JsonLoggerCallback(), CSVLoggerCallback(),
+                               SweepProgress(SCORE, spec.mode, (*spec.grid, *spec.sampled),
+                                             NOT_LEARNED, _error_line)],
                     failure_config=tune.FailureConfig(max_failures=flags.max_failures)))
         return tuner.fit()
 

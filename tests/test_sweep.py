@@ -94,7 +94,10 @@ def test_a_two_by_two_grid_on_a_local_ray(tmp_path: Path, monkeypatch: pytest.Mo
     assert (sweep / "results.md").read_text().count("\n") == 6  # header, rule, 4 trials
     best = sweep / "best_config.yaml"
     assert f"({rows[0]['trial']}," in best.read_text().splitlines()[0]
-    capsys.readouterr()
+    # A line for each trial as it ends, before the table.
+    ended = [line for line in capsys.readouterr().out.splitlines() if line.startswith("trial ")]
+    assert len(ended) == 4 and ended[-1].endswith("; 4 of 4 trials ended")
+    assert {line.split()[1] for line in ended} == {row["trial"] for row in rows}
     # The best config trains as it is (shorter here), as a seed group of the sweep's seeds.
     assert train_main(["--config", str(best), "--total-timesteps", "300", "--log-dir",
                        str(tmp_path / "again")]) == 0
