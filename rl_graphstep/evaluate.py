@@ -14,6 +14,7 @@ if __name__ == "__main__":
 import argparse
 import dataclasses
 import importlib.util
+import math
 import os
 import sys
 from collections.abc import Sequence
@@ -458,8 +459,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         end_startup_guard()  # from here on a Ctrl-C is the KeyboardInterrupt handled below
         args = build_parser().parse_args(argument_list(
             argv, "rl_graphstep.evaluate.main()", "['runs/<run>', '--episodes', '10']"))
-        evaluate(args.run, episodes=args.episodes, seed=args.seed, device=args.device,
-                 video=args.video, group_seed=args.group_seed)
+        result = evaluate(args.run, episodes=args.episodes, seed=args.seed,
+                          device=args.device, video=args.video, group_seed=args.group_seed)
     except RLGraphstepError as error:
         say(f"error: {error}", sys.stderr)
         return 2
@@ -469,7 +470,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         say("interrupted", sys.stderr)
         return 130
+    problem = nonfinite_returns(result)
+    if problem:
+        say(f"error: {problem}", sys.stderr)
+        return NONFINITE_EXIT
     return 0
+
+
+NONFINITE_EXIT = 3
+"""evaluate's exit code when episodes returned no finite score (train's exit 3 for a run that
+did not learn)."""
+
+
+def nonfinite_returns(result: EvaluationResult | GroupEvaluation) -> str | None:
+    """Why the printed means are no score, or None: episodes whose return was NaN or
+    infinite (the environment's rewards were not finite), which the means then carry."""
+    results = [result] if isinstance(result, EvaluationResult) else list(result.results)
+    returns = [r for one in results for r in one.returns]
+    bad = sum(not math.isfinite(r) for r in returns)
+    if not bad:
+        return None
+    return (f"{bad} of {len(returns)} episode{'s' if len(returns) > 1 else ''} returned a "
+            "non-finite return (the environment's rewards were NaN or infinite), so the mean "
+            "above is no score; check the rewards the environment returns")
 
 
 if __name__ == "__main__":

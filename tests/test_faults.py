@@ -267,6 +267,15 @@ def test_a_run_that_made_no_update_exits_3(tmp_path: Path) -> None:
         "stored), so the agent did not learn; check the rewards and observations the "
         "environment returns; logs and checkpoint kept in runs/run")
     assert latest_checkpoint(run) is not None
+    # Its evaluation gives NaN means: printed, and said to be no score (it was exit 0).
+    evaluated = run_python("-m", "rl_graphstep.evaluate", "runs/run", "--episodes", "2",
+                           "--device", "cpu", cwd=tmp_path, capture_output=True, text=True)
+    assert evaluated.returncode == 3, evaluated.stderr
+    assert "mean return nan" in evaluated.stdout
+    assert evaluated.stderr.splitlines()[-1] + "\n" == (  # after gymnasium's own warning
+        "error: 2 of 2 episodes returned a non-finite return (the environment's rewards were "
+        "NaN or infinite), so the mean above is no score; check the rewards the environment "
+        "returns\n")
 
 
 def test_a_group_whose_observations_are_all_nan_says_so_for_each_seed(tmp_path: Path) -> None:
