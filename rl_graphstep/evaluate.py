@@ -468,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"error: {os_error_line(error)}", sys.stderr)
         return 2
     except KeyboardInterrupt:
-        say("interrupted", sys.stderr)
+        say("stopped: interrupted before the evaluation ended (no result)", sys.stderr)
         return 130
     problem = nonfinite_returns(result)
     if problem:

@@ -305,7 +305,10 @@ def test_ctrl_c_during_start_up_is_one_line(module: str, tmp_path: Path,
         assert "Traceback" not in err, (delay, err)
         if process.returncode != 2:  # 2: evaluate got as far as reporting the empty folder
             assert process.returncode == 130, (delay, err)
-            assert err.strip() == "stopped: interrupted during start-up", (delay, err)
+            # On a busy machine evaluate may have started when the Ctrl-C comes: its own line.
+            assert err.strip() in ("stopped: interrupted during start-up",
+                                   "stopped: interrupted before the evaluation ended (no result)"
+                                   ), (delay, err)
 
 
 def test_a_ctrl_c_during_the_interpreters_teardown_keeps_the_exit_code(
