@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -42,6 +43,7 @@ from rl_graphstep.netspec import (
 from rl_graphstep.plan import RunPlan, plan_run
 from rl_graphstep.plugins import NetworkSpec
 from rl_graphstep.rundir import (
+    PartialSaves,
     RunLock,
     check_run_dir,
     check_writable_folder,
@@ -76,6 +78,31 @@ class Run:
     report: Reporter | None = None  # see train.train
 
 
+def _check_named_folder(cfg: Config, run_dir: Path, *, resumed: bool) -> None:
+    """A folder the run was named to: no run's checkpoints in it but the one resumed, and
+    checkpoints writable now, not found unwritable at the first save after the whole span."""
+    if not resumed and list_checkpoints(run_dir):
+        raise ConfigError(f"{run_dir} already holds a run with checkpoints; pick another "
+                          "--run-name, or continue it with: "
+                          f"{suggested_command('rl_graphstep.train', '--resume', str(run_dir))}")
+    check_writable_folder(run_dir / CHECKPOINT_DIR, "checkpoints", "" if cfg.resume
+                          else " or pick another --log-dir or --run-name")
+
+
+def _moved_and_resumed(cfg: Config, resumed: dict[str, Any] | None, step: int, stored: int,
+                       changes: str, set_aside: Path | None, earlier: Path | None,
+                       removed: PartialSaves | None) -> str:
+    """The first line's end: where a resume starts and what it changed, and what the start
+    moved or removed in the folder."""
+    return ((f"; resumed at step {step}{changes}" if resumed else "")
+            + (_refill_note(cfg, step, stored)
+               if resumed is not None and resumed.get("buffer") is None else "")
+            + (f"; later checkpoints moved to {set_aside}" if set_aside else "")
+            + (f"; the logs of an earlier start, which saved no checkpoint, moved to "
+               f"{earlier}" if earlier else "")
+            + (f"; {removed.describe()}" if removed else ""))
+
+
 def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: NetworkSpec,
            owned: contextlib.ExitStack, cpus: int | None = None) -> Run:
     """The run folder (owned until ``owned`` closes), the checkpoint to resume, the plan
@@ -98,14 +125,8 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     changes = ""
     if resumed is not None:  # trained and recorded in its own folder, as it was or told
         cfg, changes = resumed_config(cfg, resumed["config"], run_dir)
-    if resumed is None and not by_clock and list_checkpoints(run_dir):
-        raise ConfigError(f"{run_dir} already holds a run with checkpoints; pick another "
-                          "--run-name, or continue it with: "
-                          f"{suggested_command('rl_graphstep.train', '--resume', str(run_dir))}")
     if not by_clock:  # a new folder named by the clock has no checkpoints/ yet
-        # Checked now, not found at the first save after the whole span has trained.
-        check_writable_folder(run_dir / CHECKPOINT_DIR, "checkpoints", "" if cfg.resume
-                              else " or pick another --log-dir or --run-name")
+        _check_named_folder(cfg, run_dir, resumed=resumed is not None)
     removed = None if by_clock else clean_partial_saves(run_dir)
     start_step = int(resumed["global_step"]) if resumed else 0
     plan = plan_run(cfg, device, updates_ahead=updates_ahead(
@@ -166,13 +187,8 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     log = RunLog.open(cfg, run_dir, progress.global_step, resumed=bool(resumed))
     first_line = (f"{run_dir}: {cfg.algo.upper()} on {cfg.env_id}, {device}; "
                   f"{buffer.describe()}" + describe_networks(custom)
-                  + (f"; resumed at step {progress.global_step}{changes}" if resumed else "")
-                  + (_refill_note(cfg, progress.global_step, len(buffer))
-                     if resumed is not None and resumed.get("buffer") is None else "")
-                  + (f"; later checkpoints moved to {set_aside}" if set_aside else "")
-                  + (f"; the logs of an earlier start, which saved no checkpoint, moved to "
-                     f"{earlier}" if earlier else "")
-                  + (f"; {removed.describe()}" if removed else ""))
+                  + _moved_and_resumed(cfg, resumed, progress.global_step, len(buffer), changes,
+                                       set_aside, earlier, removed))
     return Run(cfg, run_dir, progress, learner, collector, plan, log,
                LoopClock(progress.global_step), first_line,
                resumed.get("staged_actor") if resumed else None)
