@@ -25,8 +25,8 @@ from contextlib import contextmanager
 import torch
 from learner import box, built_learner
 
-from rl_graphstep.config import Config
 from rl_graphstep.learners import OffPolicyLearner
+from rl_graphstep.settings.config import Config
 
 # (label, observation size, action size, hidden sizes)
 SIZES = [("Pendulum 3/1, 256-256", 3, 1, (256, 256)),

@@ -16,7 +16,7 @@ import time
 import torch
 from learner import box, built_learner
 
-from rl_graphstep.config import Config
+from rl_graphstep.settings.config import Config
 
 
 def time_updates(policy_frequency: int, updates: int, device: torch.device) -> float:

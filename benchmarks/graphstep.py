@@ -14,8 +14,8 @@ import time
 import torch
 from torch import nn
 
+from rl_graphstep.core.guards import clip_grad_norm
 from rl_graphstep.graphstep import CudaGraphAdaptationStep, EagerAdaptationStep
-from rl_graphstep.guards import clip_grad_norm
 
 
 def build(device: str, inputs: int, width: int) -> nn.Module:

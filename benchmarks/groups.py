@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rl_graphstep.checkpoint import checkpoint_step, latest_checkpoint  # noqa: E402
+from rl_graphstep.run.checkpoint import checkpoint_step, latest_checkpoint  # noqa: E402
 
 # The table's nine groups (issue order: SAC on five tasks, TD3 on three, DDPG on one).
 GROUPS = [("sac", "HalfCheetah-v5"), ("sac", "Hopper-v5"), ("sac", "Walker2d-v5"),

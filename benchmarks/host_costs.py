@@ -14,8 +14,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from rl_graphstep.buffer import ReplayBuffer
-from rl_graphstep.envs import EpisodeStatistics, make_vec_env
+from rl_graphstep.data.buffer import ReplayBuffer
+from rl_graphstep.envs.vector import EpisodeStatistics, make_vec_env
 
 DEVICE = torch.device("cuda")
 

@@ -9,12 +9,12 @@ import numpy as np
 import torch
 
 from rl_graphstep.algorithms import ALGORITHMS
-from rl_graphstep.buffer import ReplayBuffer
-from rl_graphstep.config import Config
+from rl_graphstep.data.buffer import ReplayBuffer
 from rl_graphstep.learners import OffPolicyLearner
-from rl_graphstep.metrics import MetricSums
-from rl_graphstep.netspec import make_seed_networks
-from rl_graphstep.plan import plan_run
+from rl_graphstep.learners.metrics import MetricSums
+from rl_graphstep.run.netspec import make_seed_networks
+from rl_graphstep.settings.config import Config
+from rl_graphstep.settings.plan import plan_run
 
 
 def box(size: int) -> gym.spaces.Box:

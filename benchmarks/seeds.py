@@ -28,8 +28,8 @@ import torch
 from learner import built_learner
 from throughput import profile_updates, time_updates
 
-from rl_graphstep.config import load_config
-from rl_graphstep.plan import matmul_precision
+from rl_graphstep.run.flags import load_config
+from rl_graphstep.settings.plan import matmul_precision
 from rl_graphstep.train import train
 
 DEFAULT_ROWS = 1_000_000

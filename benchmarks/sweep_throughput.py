@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from rl_graphstep.config import config_from_dict
+from rl_graphstep.settings.config import config_from_dict
 from rl_graphstep.sweep import main as sweep_main
 from rl_graphstep.train import train
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 from results import LAST_EPISODES, GroupResult, ResultsError, collect, load_results
 
-from rl_graphstep.aggregate import (
+from rl_graphstep.run.aggregate import (
     BOOTSTRAP_SEED,
     bootstrap_interval,
     iqm,

@@ -34,10 +34,10 @@ from learner import built_learner
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from rl_graphstep.buffer import ReplayBuffer
-from rl_graphstep.flags import load_config
+from rl_graphstep.data.buffer import ReplayBuffer
 from rl_graphstep.learners import OffPolicyLearner
-from rl_graphstep.plan import matmul_precision
+from rl_graphstep.run.flags import load_config
+from rl_graphstep.settings.plan import matmul_precision
 from rl_graphstep.train import train
 
 # name -> flags; "graph" modes without overlap wait for the updates every env step (see
@@ -263,12 +263,12 @@ def host_split(env_id: str, mode: str, steps: int, learning_starts: int,
     step once), by part of the loop: each part's calls are wrapped in a timer (about 0.2 µs
     each), the rest is the loop's own code. Graph launches are also counted alone, whoever
     makes them."""
-    import rl_graphstep.collector as collecting
+    import rl_graphstep.run.collector as collecting
     import rl_graphstep.train as loop
-    from rl_graphstep.acting import ActionPipe
-    from rl_graphstep.collector import Collector
-    from rl_graphstep.envs import EnvStepper, EpisodeStatistics
-    from rl_graphstep.metrics import MetricSums
+    from rl_graphstep.envs.vector import EnvStepper, EpisodeStatistics
+    from rl_graphstep.learners.metrics import MetricSums
+    from rl_graphstep.run.acting import ActionPipe
+    from rl_graphstep.run.collector import Collector
 
     totals: dict[str, int] = {}
     counts: dict[str, int] = {}

@@ -27,9 +27,9 @@ from throughput import build_update, calling_at_learning, profile_updates
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from rl_graphstep.acting import ActionPipe
-from rl_graphstep.collector import Collector
-from rl_graphstep.config import load_config
+from rl_graphstep.run.acting import ActionPipe
+from rl_graphstep.run.collector import Collector
+from rl_graphstep.run.flags import load_config
 from rl_graphstep.train import train
 
 Interval = tuple[int, int]

@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from rl_graphstep.envs import make_vec_env
+from rl_graphstep.envs.vector import make_vec_env
 
 KINDS = ("sync", "async", "shared")
 

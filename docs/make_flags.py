@@ -13,8 +13,8 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from rl_graphstep.config import REMOVED, removed_flags  # noqa: E402
-from rl_graphstep.flags import build_parser  # noqa: E402
+from rl_graphstep.run.flags import build_parser  # noqa: E402
+from rl_graphstep.settings.config import REMOVED, removed_flags  # noqa: E402
 
 PAGE = ROOT / "docs" / "flags.md"
 

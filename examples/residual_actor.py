@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rl_graphstep.networks import LOG_STD_MAX, LOG_STD_MIN
+from rl_graphstep.networks.builtin import LOG_STD_MAX, LOG_STD_MIN
 
 
 def _flat_size(space: gym.Space, what: str) -> int:

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 if __name__ == "__main__":
     # Before every import below (torch takes seconds): a Ctrl-C during them is one line, exit 130.
-    from rl_graphstep.cli import startup_guard
+    from rl_graphstep.run.cli import startup_guard
 
     startup_guard()
 
 import argparse
 import dataclasses
-import importlib.util
 import math
 import os
 import sys
@@ -21,73 +20,47 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-import gymnasium as gym
-import numpy as np
-import torch
-from gymnasium import error as gym_error
-from torch import nn
-
-from rl_graphstep.aggregate import group_returns
-from rl_graphstep.algorithms import ALGORITHMS, OffPolicyAlgorithm
-from rl_graphstep.checkpoint import (
+from rl_graphstep.core.errors import (
+    ConfigError,
+    RLGraphstepError,
+    display_path,
+    os_error_line,
+    type_name,
+)
+from rl_graphstep.networks.custom import NetworkSpec
+from rl_graphstep.run.aggregate import group_returns
+from rl_graphstep.run.checkpoint import (
     find_checkpoint,
     load_checkpoint,
     run_folder_of,
 )
-from rl_graphstep.cli import (
+from rl_graphstep.run.cli import (
     OneLineParser,
     argument_list,
     end_startup_guard,
     exit_quietly,
-    type_name,
 )
-from rl_graphstep.config import SEED_MAX, Config, config_from_dict, saved_config_values
-from rl_graphstep.console import say, seeds_text
-from rl_graphstep.envmake import declared_render_modes, make_env
-from rl_graphstep.envs import (
-    check_continuous_spaces,
-    check_trained_observations,
-    scale_action,
-    seed_everything,
+from rl_graphstep.run.console import say, seeds_text
+from rl_graphstep.run.evaluation import (
+    VIDEO_DIR,
+    VIDEO_INSTALL_HINT,
+    EvaluationResult,
+    RunPolicies,
+    check_rendering,
+    check_video_dependency,
 )
-from rl_graphstep.errors import (
-    CheckpointError,
-    ConfigError,
-    EnvError,
-    RLGraphstepError,
-    display_path,
-    os_error_line,
-)
-from rl_graphstep.netcheck import evaluation_action
-from rl_graphstep.netspec import make_networks, run_relative
-from rl_graphstep.plan import resolve_device
-from rl_graphstep.plugins import NetworkSpec, load_network_classes
-from rl_graphstep.rundir import check_writable_folder
-from rl_graphstep.runfolders import group_seed_folder, user_path
-from rl_graphstep.seeds import SeedStack
+from rl_graphstep.run.folders import group_seed_folder
+from rl_graphstep.run.netspec import run_relative
+from rl_graphstep.run.rundir import check_writable_folder
+from rl_graphstep.settings.config import SEED_MAX, Config, config_from_dict, saved_config_values
+from rl_graphstep.settings.fieldtypes import user_path
+from rl_graphstep.settings.plan import resolve_device
 
 __all__ = ["EvaluationResult", "GroupEvaluation", "evaluate", "main"]
 
-VIDEO_DIR = "videos"
-"""The folder of a run that `evaluate --video` records its videos into."""
-
-VIDEO_INSTALL_HINT = 'pip install "rl_graphstep[video]"'
-
-
-class EvaluationResult(NamedTuple):
-    """The returns of the evaluation episodes."""
-
-    mean: float
-    """Mean return over the episodes."""
-    std: float
-    """Standard deviation of the returns (population, 0 for one episode)."""
-    returns: list[float]
-    """The undiscounted return of each episode, in order."""
-
-
 class GroupEvaluation(NamedTuple):
     """A seed group's evaluation: each seed's own :class:`EvaluationResult` and the
-    statistics over the seeds' mean returns (``rl_graphstep.aggregate``)."""
+    statistics over the seeds' mean returns (``rl_graphstep.run.aggregate``)."""
 
     seeds: tuple[int, ...]
     """The group's seeds, in the group's order."""
@@ -170,10 +143,10 @@ def evaluate(run_dir: Path | str, episodes: int = 10, seed: int = 0, device: str
     # Config checks the device choice, so a bad --device reads like train's.
     torch_device = resolve_device(dataclasses.replace(cfg, device=device))
     if video:  # all before any episode is run
-        _check_rendering(cfg.env_id)  # the env's own limit first: moviepy cannot lift it
+        check_rendering(cfg.env_id)  # the env's own limit first: moviepy cannot lift it
         check_writable_folder(folder / VIDEO_DIR, "videos", " or evaluate without --video")
-        _check_video_dependency()
-    run = _Run(cfg, state, checkpoint, folder, torch_device, actor, critic)
+        check_video_dependency()
+    run = RunPolicies(cfg, state, checkpoint, folder, torch_device, actor, critic)
     evaluated = [run.evaluate_seed(k, episodes, seed, video) for k in members]
     note = evaluated[0][1]
     if cfg.num_seeds == 1 or group_seed is not None:
@@ -266,169 +239,6 @@ def group_table(group: GroupEvaluation, title: str, episodes: int, note: str = "
     rows.append(f"{'group':>{width}}  mean {group.mean:.1f}, IQM {group.iqm:.1f} "
                 f"[95% {group.iqm_low:.1f}, {group.iqm_high:.1f}]")
     return "\n".join(rows)
-
-
-class _Run:
-    """What every seed's evaluation shares: the checkpoint, its config and the device."""
-
-    def __init__(self, cfg: Config, state: dict, checkpoint: Path, folder: Path,
-                 device: torch.device, actor: NetworkSpec | None,
-                 critic: NetworkSpec | None) -> None:
-        self.cfg, self.state, self.checkpoint, self.folder = cfg, state, checkpoint, folder
-        # Loaded once for all seeds, as train does (a file loaded per seed runs it again).
-        self.actor, self.critic = load_network_classes((actor or cfg.actor, "actor"),
-                                                       (critic or cfg.critic, "critic"))
-        self.device = device
-        self.algorithm = ALGORITHMS[cfg.algo]
-
-    def evaluate_seed(self, k: int, episodes: int, seed: int, video: bool
-                      ) -> tuple[EvaluationResult, str]:
-        """The episodes of the run's ``k``-th seed (0 for a single run), each step as a
-        single run's evaluation takes it, from ``seed_everything(seed)`` on; and the
-        summary's note on stochastic actions."""
-        cfg, algorithm = self.cfg, self.algorithm
-        seed_everything(seed)
-        env = _make_env(cfg.env_id, seed, render=video)
-        try:
-            check_continuous_spaces(cfg.env_id, env.observation_space, env.action_space,
-                                    cfg.algo)
-            check_trained_observations(cfg.env_id, env.observation_space, self.state,
-                                       f"checkpoint {display_path(str(self.checkpoint))}",
-                                       "evaluate")
-            policy = _load_actor(algorithm, cfg, self.state, env, self.device, self.checkpoint,
-                                 self.actor, self.critic, member=k)
-            if video:
-                env = _record_video(env, cfg, self.folder, int(self.state["global_step"]),
-                                    None if cfg.num_seeds == 1 else cfg.seed_list[k])
-            returns = [_run_episode(env, policy, algorithm, self.device, seed + i)
-                       for i in range(episodes)]
-        except gym_error.DependencyNotInstalled as error:
-            if not video:
-                raise
-            # Rendering packages (pygame for classic control) load only at the first frame.
-            raise EnvError(f"rendering {cfg.env_id} for --video needs a package that is not "
-                           f"installed: {' '.join(str(error).split())}") from None
-        finally:
-            env.close()
-        result = EvaluationResult(float(np.mean(returns)), float(np.std(returns)), returns)
-        return result, _stochastic_note(policy, algorithm)
-
-
-def _stochastic_note(actor: nn.Module, algorithm: type[OffPolicyAlgorithm]) -> str:
-    """What the summary adds when the returns are not of deterministic actions."""
-    if algorithm.actor_kind == "stochastic" and not callable(
-            getattr(actor, "deterministic_action", None)):
-        return f" (stochastic actions: {type(actor).__name__} has no deterministic_action)"
-    return ""
-
-
-def _make_env(env_id: str, seed: int, *, render: bool) -> gym.Env:
-    """A single env (plain episodes need no vector env's autoreset), made as a run makes
-    each of its envs (``make_env``); asked to render only for ``--video``, so an env whose
-    constructor takes no ``render_mode`` evaluates without it."""
-    if not render:
-        env = make_env(env_id)
-    else:
-        try:
-            env = make_env(env_id, render_mode="rgb_array")
-        except EnvError as error:
-            cause = error.__cause__
-            if isinstance(cause, TypeError) and "render_mode" in str(cause):
-                raise EnvError(_no_rgb_array(env_id)) from None
-            raise
-        if "rgb_array" not in env.metadata.get("render_modes", []):
-            env.close()
-            raise EnvError(_no_rgb_array(env_id))
-    env.action_space.seed(seed)
-    return env
-
-
-def _check_rendering(env_id: str) -> None:
-    """Before anything else of ``--video``: an env whose class declares its render modes
-    records only with ``rgb_array`` among them."""
-    modes = declared_render_modes(env_id)
-    if modes is not None and "rgb_array" not in modes:
-        raise EnvError(_no_rgb_array(env_id))
-
-
-def _no_rgb_array(env_id: str) -> str:
-    return (f"{env_id} has no rgb_array rendering, so --video cannot record it; "
-            "evaluate without --video")
-
-
-def _load_actor(algorithm: type[OffPolicyAlgorithm], cfg: Config, state: dict, env: gym.Env,
-                device: torch.device, checkpoint: Path, actor: NetworkSpec | None = None,
-                critic: NetworkSpec | None = None, *, member: int = 0) -> nn.Module:
-    """The run's actor, built from its config as train built it (or from ``actor`` /
-    ``critic`` where given), with the saved weights: for a group, those of its ``member``-th
-    seed."""
-    shown = display_path(str(checkpoint))
-    weights = state["agent"].get("actor")
-    if weights is None:
-        raise CheckpointError(f"checkpoint {shown} has no actor weights (agent['actor'])")
-    actor, _ = make_networks(algorithm, cfg, env.observation_space, env.action_space, device,
-                             actor, critic)
-    try:
-        if cfg.num_seeds > 1:
-            weights = _member_weights(actor, weights, cfg.num_seeds, member)
-        actor.load_state_dict(weights)
-    except (RuntimeError, TypeError, KeyError, AttributeError, ValueError) as error:
-        first = " ".join(str(error).split())[:300]
-        raise CheckpointError(f"checkpoint {shown}: the saved actor does not fit the actor "
-                              f"its config builds ({first})") from None
-    # eval(): a custom actor's dropout or batch norm must not act as in training.
-    return actor.eval()
-
-
-def _member_weights(actor: nn.Module, weights: dict, num_seeds: int, member: int) -> dict:
-    """Seed ``member``'s weights out of a group's stacked actor ``weights`` (keys
-    ``stacked.<name>``, tensors (K, ...)): loaded into a stack of ``actor``'s layout, the
-    checks ``load_state_dict`` makes, then that seed's slice."""
-    stack = SeedStack([actor] * num_seeds)  # copies: actor itself is left as built
-    stack.load_state_dict(weights)
-    return stack.member(member).state_dict()
-
-
-def _check_video_dependency() -> None:
-    # RecordVideo only imports moviepy when it writes the first video; fail before any episode.
-    if importlib.util.find_spec("moviepy") is None:
-        raise ConfigError(f"--video needs moviepy, which is not installed; "
-                          f"run {VIDEO_INSTALL_HINT}")
-
-
-def _record_video(env: gym.Env, cfg: Config, run_dir: Path, step: int,
-                  group_seed: int | None = None) -> gym.Env:
-    from gymnasium.wrappers import RecordVideo
-
-    # One prefix per checkpoint (and per seed of a group), so evaluating a later checkpoint
-    # or another seed does not overwrite videos.
-    seed = "" if group_seed is None else f"__seed_{group_seed}"
-    return RecordVideo(env, str(run_dir / VIDEO_DIR), episode_trigger=lambda _: True,
-                       name_prefix=f"{cfg.env_id}__{cfg.algo}{seed}__step_{step:012d}")
-
-
-def _act(actor: nn.Module, algorithm: type[OffPolicyAlgorithm], observations: torch.Tensor
-         ) -> torch.Tensor:
-    """The policy's deterministic action in [-1, 1] (see ``evaluation_action``; a SAC actor
-    without ``deterministic_action`` gives a sample, and the summary says so)."""
-    return evaluation_action(actor, algorithm.actor_kind, observations)
-
-
-@torch.no_grad()
-def _run_episode(env: gym.Env, actor: nn.Module, algorithm: type[OffPolicyAlgorithm],
-                 device: torch.device, seed: int) -> float:
-    """The undiscounted return of one episode from ``env.reset(seed=seed)``."""
-    space = env.action_space
-    observation, _ = env.reset(seed=seed)
-    total, done = 0.0, False
-    while not done:
-        obs = torch.as_tensor(observation, dtype=torch.float32, device=device).unsqueeze(0)
-        action = _act(actor, algorithm, obs)[0].cpu().numpy()
-        observation, reward, terminated, truncated, _ = env.step(
-            scale_action(action, space.low, space.high).astype(space.dtype, copy=False))
-        total += float(reward)
-        done = terminated or truncated
-    return total
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,13 +8,12 @@ Both classes share ``capture(...)`` and ``__call__(...)``, so a training loop ha
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from rl_graphstep.capture import (
+from rl_graphstep.core.capture import (
     Layout,
     RngStates,
     Snapshot,
@@ -25,18 +24,13 @@ from rl_graphstep.capture import (
     selected_parameters,
     warm_up,
 )
-from rl_graphstep.errors import CaptureError, CompileError
-from rl_graphstep.guards import NonFiniteGuard
-from rl_graphstep.update_body import UpdateBody
+from rl_graphstep.core.errors import CaptureError, CompileError
+from rl_graphstep.core.guards import NonFiniteGuard
+from rl_graphstep.core.update_body import GradientTransform, TensorLoss, UpdateBody
 
 if TYPE_CHECKING:
     from typing import Self
 
-TensorLoss = Callable[[Any, Tensor], Tensor]
-"""``loss_function(prediction, targets)``: a scalar, differentiable tensor."""
-
-GradientTransform = Callable[[], None]
-"""Run after backward and before the optimizer step, e.g. gradient-norm clipping."""
 
 # Optimizers whose CUDA step can be captured once built with ``capturable=True``.
 CAPTURABLE_OPTIMIZERS = (
@@ -160,10 +154,10 @@ class _AdaptationStep:
         ``warmup_steps`` real updates precede a captured one (graphs only); ``pool``: another
         step's ``pool``, to share graph memory with it (replay them in capture order);
         ``skip_nonfinite``: skip, on the device, updates whose loss or gradients are not
-        finite (see :class:`~rl_graphstep.guards.NonFiniteGuard`; counts in ``self.guard``);
+        finite (see :class:`~rl_graphstep.core.guards.NonFiniteGuard`; counts in ``self.guard``);
         ``compile``: ``torch.compile`` the update's parts, fusing small kernels; ``seeds``:
         K > 1 seeds stacked on a leading dimension, the loss one value per seed (see
-        :class:`~rl_graphstep.update_body.UpdateBody`).
+        :class:`~rl_graphstep.core.update_body.UpdateBody`).
         """
         _check_capture_arguments(optimizer, warmup_steps)
         settings = CaptureSettings(warmup_steps, gradient_transform, pool, skip_nonfinite,
@@ -275,7 +269,7 @@ class CudaGraphAdaptationStep(_AdaptationStep):
         graph: the captured ``torch.cuda.CUDAGraph``.
         static_loss: the loss tensor the graph writes on every replay.
         pool: the graph's memory pool; pass it to another capture to share memory.
-        guard: the :class:`~rl_graphstep.guards.NonFiniteGuard` counting skipped updates, or
+        guard: the :class:`~rl_graphstep.core.guards.NonFiniteGuard` counting skipped updates, or
             None.
     """
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 if __name__ == "__main__":
     # Before every import below (torch takes seconds): a Ctrl-C during them is one line, exit 130.
-    from rl_graphstep.cli import startup_guard
+    from rl_graphstep.run.cli import startup_guard
 
     startup_guard()
 
@@ -26,32 +26,32 @@ from typing import Any
 import numpy as np
 import torch
 
-from rl_graphstep.acting import policy_pipe
-from rl_graphstep.cli import (
-    argument_list,
-    end_startup_guard,
-    exit_quietly,
-    suggested_command,
-    type_name,
-)
-from rl_graphstep.compiling import quiet_compiler
-from rl_graphstep.config import Config
-from rl_graphstep.console import say, summary_line
-from rl_graphstep.errors import (
+from rl_graphstep.core.compiling import quiet_compiler
+from rl_graphstep.core.errors import (
     STOP_SIGNALS,
     EnvError,
     NonFiniteUpdates,
     RLGraphstepError,
     TrainingInterrupted,
     os_error_line,
+    type_name,
 )
-from rl_graphstep.flags import load_config
-from rl_graphstep.nonfinite import mostly_skipped, nonfinite_stop_message, not_learned
-from rl_graphstep.plan import matmul_precision, resolve_device, settle_action_stream
-from rl_graphstep.plugins import NetworkSpec
-from rl_graphstep.runsetup import Reporter, Run, set_up
-from rl_graphstep.runstate import save_run
-from rl_graphstep.threads import loop_threads
+from rl_graphstep.networks.custom import NetworkSpec
+from rl_graphstep.run.acting import policy_pipe
+from rl_graphstep.run.cli import (
+    argument_list,
+    end_startup_guard,
+    exit_quietly,
+    suggested_command,
+)
+from rl_graphstep.run.console import say, summary_line
+from rl_graphstep.run.flags import load_config
+from rl_graphstep.run.nonfinite import mostly_skipped, nonfinite_stop_message, not_learned
+from rl_graphstep.run.setup import Reporter, Run, set_up
+from rl_graphstep.run.state import save_run
+from rl_graphstep.run.threads import loop_threads
+from rl_graphstep.settings.config import Config
+from rl_graphstep.settings.plan import matmul_precision, resolve_device, settle_action_stream
 
 # The exit code of a run that finished but did not learn: it made no update, or skipped most
 # of its updates or transitions for non-finite values (nonfinite.not_learned).
@@ -65,7 +65,7 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None,
 
     ``actor`` and ``critic`` replace the default networks: a class (built as
     ``cls(observation_space, action_space, **cfg.actor_kwargs)``), a built module, or a
-    ``package.module:Class`` / ``path/file.py:Class`` string. ``rl_graphstep.networks``
+    ``package.module:Class`` / ``path/file.py:Class`` string. ``rl_graphstep.networks.builtin``
     documents the protocol they meet. With ``cfg.resume`` the run continues from the latest
     checkpoint in that folder, with ``cfg`` as its whole config: build it with
     ``load_config(["--resume", RUN, ...])``, which starts from the run's saved one. The start
@@ -77,13 +77,13 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None,
     every CPU the process may run on.
 
     The run records the spec of each custom network in its checkpoints' config, so that
-    ``--resume`` and ``evaluate`` rebuild it (``rl_graphstep.netspec`` says how). A built
+    ``--resume`` and ``evaluate`` rebuild it (``rl_graphstep.run.netspec`` says how). A built
     module keeps the initial weights its caller gave it (a pre-trained one is not reset) and
     is trained in place; ``cfg.seed`` seeds everything else, so two calls repeat each other
     when each builds its module after the same ``torch.manual_seed``.
     """
     if not isinstance(cfg, Config):
-        raise TypeError("train() takes a Config, such as rl_graphstep.flags.load_config(['--env', "
+        raise TypeError("train() takes a Config, such as rl_graphstep.load_config(['--env', "
                         f"'Pendulum-v1']) gives, got {type_name(cfg)}")
     try:
         device = resolve_device(cfg)
@@ -143,7 +143,7 @@ def _loop(run: Run, stops: list[int]) -> None:
             raise TrainingInterrupted(
                 stops[0], f"{_stop_name(stops[0])} at step {step}: checkpoint {saved} saved "
                 f"and logs flushed; continue with: "
-                f"{suggested_command('rl_graphstep.train', '--resume', str(run.run_dir))}")
+                f"{suggested_command('train', '--resume', str(run.run_dir))}")
 
 
 def _saved_before(run: Run, error: EnvError) -> EnvError:
@@ -157,7 +157,7 @@ def _saved_before(run: Run, error: EnvError) -> EnvError:
     saved = save_run(run.cfg, run.run_dir, run.progress, run.learner, run.collector,
                      with_envs=False)
     return EnvError(f"{error}; checkpoint {saved} saved: fix the environment, then continue "
-                    "with: " + suggested_command("rl_graphstep.train", "--resume",
+                    "with: " + suggested_command("train", "--resume",
                                                  str(run.run_dir)))
 
 
@@ -174,7 +174,7 @@ def _interrupted_step(run: Run, signum: int) -> TrainingInterrupted:
     return TrainingInterrupted(
         signum, f"{what}: interrupted at step {step}; checkpoint {saved} saved (without the "
         f"environments, whose episodes restart) and logs flushed; continue with: "
-        f"{suggested_command('rl_graphstep.train', '--resume', str(run.run_dir))}")
+        f"{suggested_command('train', '--resume', str(run.run_dir))}")
 
 
 def _stop_name(signum: int) -> str:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rl_graphstep.errors import ConfigError
-from rl_graphstep.flags import load_config
+from rl_graphstep.core.errors import ConfigError
+from rl_graphstep.run.flags import load_config
 
 
 def write(tmp_path: Path, text: str, name: str = "x.yaml") -> str:

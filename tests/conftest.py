@@ -14,15 +14,15 @@ import pytest
 import torch
 from processtools import Children
 
-from rl_graphstep import threads
-from rl_graphstep.errors import STOP_SIGNALS
-from rl_graphstep.threads import user_chose_threads
+from rl_graphstep.core.errors import STOP_SIGNALS
+from rl_graphstep.run import threads
+from rl_graphstep.run.threads import user_chose_threads
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # The tests' updates are small; with torch's thread per core, the idle workers spinning
     # against other processes made them several times slower on a busy machine, as in
-    # training (rl_graphstep/threads.py). A count the user set in the environment is kept.
+    # training (rl_graphstep/run/threads.py). A count the user set in the environment is kept.
     if not user_chose_threads():
         torch.set_num_threads(1)
 

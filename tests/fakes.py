@@ -14,10 +14,10 @@ import torch
 from torch import Tensor, nn
 
 from rl_graphstep.algorithms.base import OffPolicyAlgorithm
-from rl_graphstep.buffer import ReplayBuffer
+from rl_graphstep.data.buffer import ReplayBuffer
 from rl_graphstep.learners import OffPolicyLearner
-from rl_graphstep.metrics import MetricSums
-from rl_graphstep.plan import RunPlan
+from rl_graphstep.learners.metrics import MetricSums
+from rl_graphstep.settings.plan import RunPlan
 
 
 class FixedActor(nn.Module):

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from rl_graphstep.plugins import build_network
+from rl_graphstep.networks.custom import build_network
 
 ROOT = Path(__file__).resolve().parents[1]
 # `examples` is a folder of the repository, not of the installed package: make it importable

@@ -1,5 +1,5 @@
 """Bit-for-bit recordings kept per platform, for the tests that compare training results
-exactly (tests/test_reference_runs.py, tests/test_runstate.py).
+exactly (tests/test_reference_runs.py, tests/run/test_state.py).
 
 Exact values depend on the torch build and the CPU kernels it picks, and, beyond torch's CPU
 capability, on the CPU's vendor: torch's CPU build does its BLAS with Intel MKL, which takes

@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import groups  # noqa: E402
 from results import collect  # noqa: E402
 
-from rl_graphstep.checkpoint import load_checkpoint  # noqa: E402
+from rl_graphstep.run.checkpoint import load_checkpoint  # noqa: E402
 
 
 def test_a_group_goes_on_job_after_job_to_its_length(tmp_path: Path,

@@ -16,7 +16,7 @@ import pytest
 from torch.utils.tensorboard import SummaryWriter
 
 from rl_graphstep import train
-from rl_graphstep.aggregate import bootstrap_interval, iqm
+from rl_graphstep.run.aggregate import bootstrap_interval, iqm
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from processtools import Children, run
 
-from rl_graphstep.cli import suggested_command
+from rl_graphstep.run.cli import suggested_command
 from rl_graphstep.train import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +29,7 @@ NAME = "it's"
 
 def test_a_suggested_command_reads_back_as_its_arguments() -> None:
     awkward = "my runs/it's $HOME \"x\" `y`"
-    words = shlex.split(suggested_command("rl_graphstep.train", "--resume", awkward))
+    words = shlex.split(suggested_command("train", "--resume", awkward))
     assert words[1:] == ["-m", "rl_graphstep.train", "--resume", awkward]
 
 
@@ -37,12 +37,12 @@ def test_python_is_named_by_its_path_unless_a_shell_finds_this_one(
         monkeypatch: pytest.MonkeyPatch) -> None:
     other = shutil.which("sh") or "/bin/sh"
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    assert shlex.split(suggested_command("m"))[0] == sys.executable
+    assert shlex.split(suggested_command("train"))[0] == sys.executable
     monkeypatch.setattr(shutil, "which", lambda name: sys.executable)
-    assert suggested_command("m", "a b") == "python -m m 'a b'"
+    assert suggested_command("train", "a b") == "python -m rl_graphstep.train 'a b'"
     # Another interpreter (the system's, where a venv is run by its path) is not this one.
     monkeypatch.setattr(shutil, "which", lambda name: other)
-    assert shlex.split(suggested_command("m"))[0] == sys.executable
+    assert shlex.split(suggested_command("train"))[0] == sys.executable
 
 
 def child_env() -> dict[str, str]:
@@ -65,7 +65,7 @@ def test_a_stopped_run_continues_with_the_command_its_stop_line_gives(
     first_run.send_signal(signal.SIGINT)
     _, stderr = first_run.communicate(timeout=120)
     assert first_run.returncode == 130, stderr
-    printed = suggested_command("rl_graphstep.train", "--resume", f"{AWKWARD}/{NAME}")
+    printed = suggested_command("train", "--resume", f"{AWKWARD}/{NAME}")
     assert stderr.splitlines()[-1].endswith(f"; continue with: {printed}")
     again = children.start(shlex.split(printed), cwd=tmp_path, env=child_env(),
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -86,7 +86,7 @@ def test_a_run_folder_taken_gives_the_command_that_continues_it(
     capsys.readouterr()
     assert main(args) == 2
     err = capsys.readouterr().err
-    printed = suggested_command("rl_graphstep.train", "--resume", f"{AWKWARD}/{NAME}")
+    printed = suggested_command("train", "--resume", f"{AWKWARD}/{NAME}")
     assert err == (f"error: {AWKWARD}/{NAME} already holds a run with checkpoints; pick another "
                    f"--run-name, or continue it with: {printed}\n")
     again = run(shlex.split(printed), cwd=tmp_path, env=child_env(), capture_output=True,

@@ -16,16 +16,16 @@ import torch
 from fakes import SpaceBreaker
 from processtools import run
 
-from rl_graphstep import evaluate as evaluate_module
 from rl_graphstep import train
 from rl_graphstep.algorithms import ALGORITHMS
-from rl_graphstep.checkpoint import FORMAT, save_checkpoint
-from rl_graphstep.config import config_to_dict
-from rl_graphstep.envmake import make_env
-from rl_graphstep.errors import EnvError
+from rl_graphstep.core.errors import EnvError
+from rl_graphstep.envs.make import make_env
 from rl_graphstep.evaluate import EvaluationResult, evaluate, main
-from rl_graphstep.flags import load_config
-from rl_graphstep.netspec import make_networks
+from rl_graphstep.run.checkpoint import FORMAT, save_checkpoint
+from rl_graphstep.run.evaluation import evaluation_env
+from rl_graphstep.run.flags import load_config
+from rl_graphstep.run.netspec import make_networks
+from rl_graphstep.settings.config import config_to_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 STEP = 15000
@@ -259,10 +259,10 @@ def test_an_entry_point_that_takes_no_render_mode_cannot_record() -> None:
     """A function entry point declares no render modes: asking it to render is what tells."""
     gym.register("NoKwargs-v0", entry_point=lambda: SpaceBreaker())
     with pytest.raises(EnvError) as info:
-        evaluate_module._make_env("NoKwargs-v0", 0, render=True)
+        evaluation_env("NoKwargs-v0", 0, render=True)
     assert str(info.value) == ("NoKwargs-v0 has no rgb_array rendering, so --video cannot "
                                "record it; evaluate without --video")
-    evaluate_module._make_env("NoKwargs-v0", 0, render=False).close()
+    evaluation_env("NoKwargs-v0", 0, render=False).close()
 
 
 def test_evaluate_and_resume_from_another_folder_say_the_same_line(plain_run: Path,

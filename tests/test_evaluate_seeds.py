@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from rl_graphstep import train
-from rl_graphstep.aggregate import bootstrap_interval, iqm
-from rl_graphstep.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from rl_graphstep.evaluate import EvaluationResult, GroupEvaluation, evaluate, main
+from rl_graphstep.run.aggregate import bootstrap_interval, iqm
+from rl_graphstep.run.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 
 SEEDS = (3, 4)  # seeds that are not indices, and not the episodes' seed
 EPISODES = 2

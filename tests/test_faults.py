@@ -17,15 +17,15 @@ from processtools import run_python
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import nn
 
-from rl_graphstep.buffer import ReplayBuffer
-from rl_graphstep.checkpoint import latest_checkpoint, load_checkpoint
-from rl_graphstep.cli import suggested_command
-from rl_graphstep.errors import NonFiniteUpdates
+from rl_graphstep.core.errors import NonFiniteUpdates
+from rl_graphstep.core.guards import clip_grad_norm
+from rl_graphstep.data.buffer import ReplayBuffer
 from rl_graphstep.evaluate import evaluate
-from rl_graphstep.flags import load_config
 from rl_graphstep.graphstep import EagerAdaptationStep
-from rl_graphstep.guards import clip_grad_norm
-from rl_graphstep.nonfinite import NonFiniteTally
+from rl_graphstep.run.checkpoint import latest_checkpoint, load_checkpoint
+from rl_graphstep.run.cli import suggested_command
+from rl_graphstep.run.flags import load_config
+from rl_graphstep.run.nonfinite import NonFiniteTally
 from rl_graphstep.train import main, train
 
 
@@ -179,7 +179,7 @@ def test_a_run_of_nonfinite_updates_stops_with_a_checkpoint_that_resumes(
         f"checked); checkpoint {checkpoint} holds the parameters of the last finite update; "
         f"check the rewards and observations the environment returns, or lower the learning "
         "rates; then continue with: "
-        + suggested_command("rl_graphstep.train", "--resume", str(run)))
+        + suggested_command("train", "--resume", str(run)))
     assert step == 300  # the first log interval with 100 updates, not the step-0 checkpoint
     for part in ("actor", "critic"):
         for tensor in state["agent"][part].values():

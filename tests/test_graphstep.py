@@ -13,13 +13,13 @@ from torch import nn
 
 import rl_graphstep
 from rl_graphstep import graphstep
-from rl_graphstep.errors import CaptureError
+from rl_graphstep.core.errors import CaptureError
+from rl_graphstep.core.guards import clip_grad_norm
 from rl_graphstep.graphstep import (
     CudaGraphAdaptationStep,
     EagerAdaptationStep,
     make_adaptation_step,
 )
-from rl_graphstep.guards import clip_grad_norm
 
 
 def mlp(seed: int = 0) -> nn.Module:

@@ -11,13 +11,13 @@ import torch
 from cudatools import DEVICE, batches, mlp, mse
 from torch import nn
 
-from rl_graphstep.errors import CaptureError
+from rl_graphstep.core.errors import CaptureError
+from rl_graphstep.core.guards import clip_grad_norm
 from rl_graphstep.graphstep import (
     CudaGraphAdaptationStep,
     EagerAdaptationStep,
     make_adaptation_step,
 )
-from rl_graphstep.guards import clip_grad_norm
 
 pytestmark = pytest.mark.cuda
 

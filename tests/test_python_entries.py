@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from rl_graphstep import evaluate, sweep, train
-from rl_graphstep.config import config_from_dict
-from rl_graphstep.flags import command_line_values, load_config
+from rl_graphstep import evaluate, load_config, sweep, train
+from rl_graphstep.run.flags import command_line_values
+from rl_graphstep.settings.config import config_from_dict
 
 ARGUMENTS = "takes a list of arguments such as ['--env', 'Pendulum-v1']"
 
 
 @pytest.mark.parametrize(("call", "message"), [
     (lambda: train.train({"env_id": "Pendulum-v1"}), "train() takes a Config, such as "
-     "rl_graphstep.flags.load_config(['--env', 'Pendulum-v1']) gives, got a dict"),
-    (lambda: train.train(None), "train() takes a Config, such as rl_graphstep.flags."
+     "rl_graphstep.load_config(['--env', 'Pendulum-v1']) gives, got a dict"),
+    (lambda: train.train(None), "train() takes a Config, such as rl_graphstep."
      "load_config(['--env', 'Pendulum-v1']) gives, got None"),
     (lambda: load_config("--total-timesteps 3000"), f"load_config() {ARGUMENTS}, got a str "
      "(split it into a list, as shlex.split does)"),

@@ -54,11 +54,11 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from torch import Tensor  # noqa: E402
 
 from examples.residual_actor import ResidualActor  # noqa: E402
-from rl_graphstep.checkpoint import load_checkpoint  # noqa: E402
-from rl_graphstep.config import Config  # noqa: E402
+from rl_graphstep.run.checkpoint import load_checkpoint  # noqa: E402
+from rl_graphstep.settings.config import Config  # noqa: E402
 from rl_graphstep.train import train  # noqa: E402
 
-DATA = Path(__file__).parent / "data" / "reference_runs.json"
+DATA = Path(__file__).parent / "fixtures" / "reference_runs.json"
 RECORD = "python tests/test_reference_runs.py --record"
 
 # Small networks and batches keep the four runs near a minute on a CPU (the eager updates'
@@ -257,7 +257,7 @@ def test_a_platform_compares_against_the_recording_made_on_its_like() -> None:
         assert matching(listed, {**INTEL, "cpu_model": "6/143"})["runs"] == "intel 6/143"
         assert matching(listed, {**INTEL, "cpu_model": "6/85"})["runs"] == "intel"
     # The data files: the recording migrated as Intel's, and this AMD EPYC's.
-    for path in (DATA, ROOT / "tests" / "data" / "v0.1.0_runs" / "old_sac_resumed_to_900.json"):
+    for path in (DATA, ROOT / "tests" / "fixtures" / "v0.1.0_runs" / "old_sac_resumed_to_900.json"):
         recorded = read(path)
         intel = matching(recorded, {**INTEL, "cpu_model": "6/143"})
         assert intel is recorded[0] and intel["platform"]["cpu_vendor"] == "GenuineIntel"

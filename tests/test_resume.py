@@ -18,16 +18,16 @@ import torch
 from processtools import Children, run
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rl_graphstep.checkpoint import (
+from rl_graphstep.run.checkpoint import (
     FORMAT,
     list_checkpoints,
     load_checkpoint,
     save_checkpoint,
 )
-from rl_graphstep.cli import suggested_command
-from rl_graphstep.config import config_to_dict
-from rl_graphstep.flags import load_config
-from rl_graphstep.rundir import RunLock
+from rl_graphstep.run.cli import suggested_command
+from rl_graphstep.run.flags import load_config
+from rl_graphstep.run.rundir import RunLock
+from rl_graphstep.settings.config import config_to_dict
 from rl_graphstep.train import main, stop_requests, train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -214,7 +214,7 @@ def test_a_second_signal_interrupts_an_env_step_that_never_returns(
     _, stderr = process.communicate(timeout=60)
     name = signal.Signals(signum).name
     saved = run_dir / "checkpoints" / "step_000000000150.pt"
-    resume = suggested_command("rl_graphstep.train", "--resume", str(run_dir))
+    resume = suggested_command("train", "--resume", str(run_dir))
     assert (process.returncode, stderr) == (code, (
         f"stopped: {name} again while the environment's step had not returned: interrupted "
         f"at step 150; checkpoint {saved} saved (without the environments, whose episodes "
@@ -364,7 +364,7 @@ def test_the_lock_of_a_killed_training_is_free(tmp_path: Path,
     run_dir = tmp_path / "run"
     holder = children.python(
         "-c", "import multiprocessing, sys, time\n"
-        "from rl_graphstep.rundir import RunLock\n"
+        "from rl_graphstep.run.rundir import RunLock\n"
         "RunLock(sys.argv[1]).__enter__()\n"
         "worker = multiprocessing.get_context('fork').Process(target=time.sleep, args=(120,))\n"
         "worker.start()\n"

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from rl_graphstep import train
-from rl_graphstep.checkpoint import latest_checkpoint, load_checkpoint
-from rl_graphstep.config import Config
-from rl_graphstep.errors import ConfigError
-from rl_graphstep.flags import load_config
+from rl_graphstep.core.errors import ConfigError
+from rl_graphstep.run.checkpoint import latest_checkpoint, load_checkpoint
+from rl_graphstep.run.flags import load_config
+from rl_graphstep.settings.config import Config
 
 # The run's own settings, far from the defaults and from configs/sac_pendulum.yaml (batch 256,
 # buffer 100,000, learning-starts 1,000), which a resume must not fall back to.

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from processtools import Children
 
-from rl_graphstep.checkpoint import load_checkpoint
-from rl_graphstep.rundir import LOCK_FILE
+from rl_graphstep.run.checkpoint import load_checkpoint
+from rl_graphstep.run.rundir import LOCK_FILE
 
 pytestmark = pytest.mark.cuda
 

@@ -14,10 +14,11 @@ import pytest
 import yaml
 from processtools import Children, run
 
-from rl_graphstep.checkpoint import checkpoint_step, list_checkpoints
-from rl_graphstep.cli import suggested_command
-from rl_graphstep.errors import RunFolderError
-from rl_graphstep.sweep import main, trial_cpus, trial_metrics
+from rl_graphstep.core.errors import RunFolderError
+from rl_graphstep.run.checkpoint import checkpoint_step, list_checkpoints
+from rl_graphstep.run.cli import suggested_command
+from rl_graphstep.sweep import main
+from rl_graphstep.sweeps.trials import trial_cpus, trial_metrics
 from rl_graphstep.train import main as train_main
 
 SWEEP = """
@@ -55,8 +56,8 @@ def test_a_trial_trains_with_the_whole_cpus_it_holds() -> None:
 
 def test_the_search_space_in_tunes_terms(tmp_path: Path) -> None:
     pytest.importorskip("ray")
-    from rl_graphstep.sweep import search_space
-    from rl_graphstep.sweepfile import read_sweep_file
+    from rl_graphstep.settings.sweepfile import read_sweep_file
+    from rl_graphstep.sweeps.trials import search_space
 
     path = tmp_path / "s.yaml"
     path.write_text("search:\n  q_lr: [0.1, 0.01]\n  policy_frequency: {randint: [1, 3]}\n"
@@ -104,7 +105,7 @@ def test_a_two_by_two_grid_on_a_local_ray(tmp_path: Path, monkeypatch: pytest.Mo
     assert (next((tmp_path / "again").iterdir()) / "seed_2").is_dir()
     # A second sweep into the same folder is one line and exit 2.
     assert main(["grid.yaml", "--log-dir", "runs"]) == 2
-    resume = suggested_command("rl_graphstep.sweep", "grid.yaml", "--log-dir", "runs",
+    resume = suggested_command("sweep", "grid.yaml", "--log-dir", "runs",
                                "--resume")
     assert capsys.readouterr().err == (f"error: {sweep} already holds a sweep; give the sweep "
                                        f"another name, or continue it with: {resume}\n")
@@ -236,7 +237,7 @@ def test_a_driver_stopped_mid_sweep_resumes_and_every_trial_finishes_once(
         assert driver.returncode == 128 + signum, stderr[-2000:]
         assert "Traceback" not in stderr
         last = stderr.splitlines()[-1]
-        printed = suggested_command("rl_graphstep.sweep", "grid.yaml", "--log-dir", "runs",
+        printed = suggested_command("sweep", "grid.yaml", "--log-dir", "runs",
                                     "--resume")
         assert last.endswith(f"trials unfinished; continue with: {printed}"), stderr[-2000:]
         assert "Tuner.restore" not in stderr  # Tune's own advice, not a command to run
@@ -350,7 +351,7 @@ def test_optuna_refuses_a_grid(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 def test_a_sweep_into_a_folder_another_sweep_holds_is_one_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from rl_graphstep.rundir import RunLock
+    from rl_graphstep.run.rundir import RunLock
 
     (tmp_path / "grid.yaml").write_text(SWEEP)
     sweep = tmp_path / "runs" / "grid"
@@ -447,8 +448,8 @@ def test_a_network_file_named_from_the_sweeps_folder_trains_in_every_trial(
 def test_a_trial_that_starts_over_starts_a_clean_folder(tmp_path: Path) -> None:
     """A trial whose earlier attempt left no checkpoint trains again from step 0: what that
     attempt logged goes, so no curve repeats its steps; one with a checkpoint resumes."""
-    from rl_graphstep.rundir import RunLock
-    from rl_graphstep.sweep import trial_resumes
+    from rl_graphstep.run.rundir import RunLock
+    from rl_graphstep.sweeps.trials import trial_resumes
 
     trial = tmp_path / "t1"
     assert not trial_resumes(trial) and not trial.exists()
@@ -506,7 +507,7 @@ def test_a_sigterm_while_ray_starts_is_one_line_and_leaves_nothing(
     monkeypatch.chdir(tmp_path)
     (tmp_path / "grid.yaml").write_text(SWEEP)
     assert main(["grid.yaml", "--log-dir", "my runs"]) == 143
-    again = suggested_command("rl_graphstep.sweep", "grid.yaml", "--log-dir", "my runs")
+    again = suggested_command("sweep", "grid.yaml", "--log-dir", "my runs")
     assert capsys.readouterr().err == (
         f"stopped by SIGTERM before any trial ran; run the same command again: {again}\n")
     assert not (tmp_path / "my runs").exists()
@@ -560,8 +561,8 @@ def test_trials_that_failed_or_did_not_learn_rank_last_and_are_counted(tmp_path:
     """Their last returns say nothing of their settings: never the best config."""
     from types import SimpleNamespace
 
-    from rl_graphstep.sweep import failed_line, write_results
-    from rl_graphstep.sweepfile import SweepSpec
+    from rl_graphstep.settings.sweepfile import SweepSpec
+    from rl_graphstep.sweeps.results import failed_line, write_results
 
     def result(trial: str, score: float, error: BaseException | None = None,
                why: str = "") -> SimpleNamespace:

@@ -16,14 +16,14 @@ import torch
 from processtools import run_python
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rl_graphstep import runsetup
 from rl_graphstep import train as train_module
-from rl_graphstep.acting import ActionPipe
-from rl_graphstep.buffer import ReplayBuffer
-from rl_graphstep.checkpoint import load_checkpoint
-from rl_graphstep.console import summary_line
-from rl_graphstep.flags import load_config
+from rl_graphstep.data.buffer import ReplayBuffer
 from rl_graphstep.learners import OffPolicyLearner
+from rl_graphstep.run import setup as runsetup
+from rl_graphstep.run.acting import ActionPipe
+from rl_graphstep.run.checkpoint import load_checkpoint
+from rl_graphstep.run.console import summary_line
+from rl_graphstep.run.flags import load_config
 from rl_graphstep.train import main, train
 
 TAGS = {
@@ -265,7 +265,7 @@ def test_runs_named_in_the_same_second_get_a_folder_each(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two runs started in one second of the clock (the default name's resolution) keep
     their own logs and checkpoints."""
-    from rl_graphstep import rundir
+    from rl_graphstep.run import rundir
 
     monkeypatch.setattr(rundir.time, "time", lambda: 1796014201.5)
     args = ["--env", "Pendulum-v1", "--log-dir", str(tmp_path), *SHORT]
@@ -306,7 +306,7 @@ def test_without_a_terminal_the_run_prints_progress_lines(
 ) -> None:
     """Captured output is no terminal: no bar (no carriage returns), a line per log step
     here (the period set to 0 s), each with the step count; then the final line."""
-    from rl_graphstep import console
+    from rl_graphstep.run import console
 
     monkeypatch.setattr(console, "LINE_SECONDS", 0.0)
     progress = [a for a in TINY if a != "--no-progress"]
@@ -377,8 +377,8 @@ def test_a_run_named_by_the_clock_is_owned_while_it_trains(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its folder is claimed atomically, and then locked like any other: a --resume of it
     during the run is refused."""
-    from rl_graphstep.errors import RunFolderError
-    from rl_graphstep.rundir import RunLock
+    from rl_graphstep.core.errors import RunFolderError
+    from rl_graphstep.run.rundir import RunLock
 
     refused: list[str] = []
     log = train_module._log
@@ -462,8 +462,8 @@ def test_a_seed_group_logs_a_run_per_seed_and_the_aggregate(
 def test_a_seed_group_refuses_a_built_module(tmp_path: Path) -> None:
     import gymnasium as gym
 
-    from rl_graphstep.errors import ConfigError
-    from rl_graphstep.networks import DeterministicActor
+    from rl_graphstep.core.errors import ConfigError
+    from rl_graphstep.networks.builtin import DeterministicActor
 
     space = gym.spaces.Box(-1.0, 1.0, (3,))
     actor = DeterministicActor(space, gym.spaces.Box(-1.0, 1.0, (1,)))

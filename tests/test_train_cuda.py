@@ -11,13 +11,13 @@ import pytest
 import torch
 from torch import nn
 
-from rl_graphstep import acting
-from rl_graphstep.acting import ActionPipe
 from rl_graphstep.algorithms import ALGORITHMS
-from rl_graphstep.checkpoint import load_checkpoint
-from rl_graphstep.errors import CaptureError, ConfigError
-from rl_graphstep.flags import load_config
-from rl_graphstep.networks import DeterministicActor
+from rl_graphstep.core.errors import CaptureError, ConfigError
+from rl_graphstep.networks.builtin import DeterministicActor
+from rl_graphstep.run import acting
+from rl_graphstep.run.acting import ActionPipe
+from rl_graphstep.run.checkpoint import load_checkpoint
+from rl_graphstep.run.flags import load_config
 from rl_graphstep.train import main, train
 
 pytestmark = pytest.mark.cuda

@@ -1,7 +1,8 @@
 """The off-policy actor-critic algorithms, by the name ``--algo`` takes: the one registry.
+A new algorithm is a module in this folder and one line in ``_CLASSES``.
 
-Classes are imported on first use, so that config can take the names from here (the
-algorithms' own modules import config) without importing any algorithm.
+Classes are imported on first use, so that the command line can list the names without
+importing any algorithm (torch and the networks).
 """
 
 from __future__ import annotations
@@ -10,13 +11,16 @@ import importlib
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from rl_graphstep.core.errors import ConfigError
+
 if TYPE_CHECKING:
     from rl_graphstep.algorithms.base import OffPolicyAlgorithm
     from rl_graphstep.algorithms.ddpg import DDPG
     from rl_graphstep.algorithms.sac import SAC
     from rl_graphstep.algorithms.td3 import TD3
 
-__all__ = ["ALGORITHMS", "DDPG", "SAC", "TD3", "OffPolicyAlgorithm"]
+__all__ = ["ALGORITHMS", "DDPG", "SAC", "TD3", "OffPolicyAlgorithm", "algorithm_class",
+           "check_algorithm"]
 
 # --algo name -> "module:Class"; a new algorithm is one line here.
 _CLASSES: dict[str, str] = {
@@ -52,6 +56,21 @@ class _Registry(Mapping[str, "type[OffPolicyAlgorithm]"]):
 
 
 ALGORITHMS: Mapping[str, type[OffPolicyAlgorithm]] = _Registry()
+
+
+def check_algorithm(name: str, source: str | None = None) -> None:
+    """Raise a one-line ConfigError where ``name`` (``--algo``, or the ``algo`` of the file
+    ``source`` names) is no algorithm here; imports nothing."""
+    if name not in _CLASSES:
+        where = f"algo must be one of {{}}, got {name!r} in {source}" if source else \
+            f"--algo must be one of {{}}, got {name!r}"
+        raise ConfigError(where.format(", ".join(_CLASSES)))
+
+
+def algorithm_class(name: str) -> type[OffPolicyAlgorithm]:
+    """The class ``--algo name`` trains, imported now; an unknown name is one ConfigError line."""
+    check_algorithm(name)
+    return ALGORITHMS[name]
 
 _EXPORTS: dict[str, str] = {
     "OffPolicyAlgorithm": "rl_graphstep.algorithms.base:OffPolicyAlgorithm",

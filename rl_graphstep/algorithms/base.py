@@ -12,9 +12,9 @@ import torch
 from torch import Tensor, nn
 
 from rl_graphstep.algorithms.targets import PolyakAverage
-from rl_graphstep.config import Config
-from rl_graphstep.networks import EnsembleCritic
-from rl_graphstep.rows import CriticTargets
+from rl_graphstep.data.rows import CriticTargets
+from rl_graphstep.networks.builtin import EnsembleCritic
+from rl_graphstep.settings.config import Config
 
 Metrics = dict[str, Tensor]
 """Named 0-dim device tensors a loss reports for the log (``losses/actor``, ...)."""

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from rl_graphstep.compiling import compile_now
+from rl_graphstep.core.compiling import compile_now
 
 
 class PolyakAverage:

@@ -11,9 +11,9 @@ from torch import Tensor, nn
 
 from rl_graphstep.algorithms.base import Metrics, OffPolicyAlgorithm
 from rl_graphstep.algorithms.targets import PolyakAverage
-from rl_graphstep.config import Config
-from rl_graphstep.networks import DeterministicActor
-from rl_graphstep.rows import CriticTargets
+from rl_graphstep.data.rows import CriticTargets
+from rl_graphstep.networks.builtin import DeterministicActor
+from rl_graphstep.settings.config import Config
 
 
 class TD3(OffPolicyAlgorithm):

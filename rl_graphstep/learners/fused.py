@@ -15,8 +15,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from rl_graphstep.capture import capture_graph
-from rl_graphstep.metrics import MetricSums
+from rl_graphstep.core.capture import capture_graph
+from rl_graphstep.learners.metrics import MetricSums
 
 # Fused graphs are built for schedules that repeat within this many updates; a longer period
 # (unusual frequencies) replays the separate step graphs instead.

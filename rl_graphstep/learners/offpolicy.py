@@ -18,16 +18,16 @@ import torch
 from torch import Tensor
 
 from rl_graphstep.algorithms.base import Metrics, OffPolicyAlgorithm
-from rl_graphstep.buffer import ReplayBuffer
-from rl_graphstep.config import Config
-from rl_graphstep.errors import CaptureError
+from rl_graphstep.core.errors import CaptureError
+from rl_graphstep.core.guards import clip_grad_norm
+from rl_graphstep.data.buffer import ReplayBuffer
+from rl_graphstep.data.sampler import BatchSampler
 from rl_graphstep.graphstep import AdaptationStep, make_adaptation_step
-from rl_graphstep.guards import clip_grad_norm
 from rl_graphstep.learners.fused import MAX_PHASES, FusedUpdate
-from rl_graphstep.metrics import MetricSums
-from rl_graphstep.networks import StateActionInput
-from rl_graphstep.plan import RunPlan, fall_back
-from rl_graphstep.rows import BatchSampler
+from rl_graphstep.learners.metrics import MetricSums
+from rl_graphstep.networks.builtin import StateActionInput
+from rl_graphstep.settings.config import Config
+from rl_graphstep.settings.plan import RunPlan, fall_back
 
 
 class RecordedLoss:

@@ -1,0 +1,281 @@
+"""Default SAC networks (squashed-Gaussian actor, ensemble critic) and the protocol for custom ones.
+
+A custom network plugs in if it meets `SACActor` / `Critic` below and runs inside a CUDA graph:
+
+- actor: `actor(observations) -> (actions, log_probs)` with actions (B, A) in [-1, 1] (the env
+  wrapper scales them onto the action bounds) and log_probs (B,), reparameterised so gradients
+  flow through the sample; `actor.deterministic_action(observations) -> (B, A)` for evaluation
+  (checked at start-up like forward; an actor without it trains, with a warning that
+  evaluation then takes its sampled action; a TD3/DDPG actor's forward is its own);
+  optionally `actor.sample(observations, noise=None) -> (B, A)`, the draw of
+  `actor(observations)[0]` without the log-probability, which SAC then uses to act; given
+  `noise` (B, A), a standard normal draw, it uses that instead of drawing on the device, so
+  acting draws nothing there and runs beside the updates (`--action-stream`, on by default
+  with CUDA graphs; without `sample(observations, noise)` the action runs in line).
+- critic: `critic(observations, actions) -> (B, E)`, one Q value per ensemble member, and a
+  `num_critics` attribute giving E.
+- both: fixed shapes, no host syncs (`.item()`, `bool(t)`, Python `if` on a tensor, `nonzero`,
+  boolean-mask indexing), no `torch.distributions` (its argument validation syncs), and noise
+  drawn on the input's device (`torch.randn_like`) so each graph replay gets fresh noise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from itertools import pairwise
+from typing import Protocol, runtime_checkable
+
+import gymnasium as gym
+import torch
+from torch import Tensor, nn
+
+from rl_graphstep.core.errors import ConfigError
+
+__all__ = [
+    "LOG_STD_MAX",
+    "LOG_STD_MIN",
+    "Critic",
+    "DeterministicActor",
+    "DeterministicPolicy",
+    "EnsembleCritic",
+    "SACActor",
+    "SquashedGaussianActor",
+    "StateActionInput",
+    "mlp",
+]
+
+LOG_STD_MIN = -5.0
+LOG_STD_MAX = 2.0
+
+
+@runtime_checkable
+class SACActor(Protocol):
+    """What SAC needs from an actor (see the module docstring for the capture rules)."""
+
+    def __call__(self, observations: Tensor) -> tuple[Tensor, Tensor]:
+        """A reparameterised action (B, A) in [-1, 1] and its log-probability (B,)."""
+        ...
+
+    def deterministic_action(self, observations: Tensor) -> Tensor:
+        """The action (B, A) in [-1, 1] to take when evaluating, without exploration noise."""
+        ...
+
+
+@runtime_checkable
+class DeterministicPolicy(Protocol):
+    """What TD3 and DDPG need from an actor: same capture rules, but no sampling inside.
+
+    The algorithm adds its own exploration and target-smoothing noise around the action.
+    """
+
+    def __call__(self, observations: Tensor) -> Tensor:
+        """The action (B, A) in [-1, 1], differentiable with respect to the actor's parameters."""
+        ...
+
+    def deterministic_action(self, observations: Tensor) -> Tensor:
+        """The action (B, A) in [-1, 1] to take when evaluating (the same as calling it)."""
+        ...
+
+
+@runtime_checkable
+class Critic(Protocol):
+    """What SAC needs from a critic (see the module docstring for the capture rules)."""
+
+    num_critics: int
+
+    def __call__(self, observations: Tensor, actions: Tensor) -> Tensor:
+        """Q values shaped (B, num_critics), one column per ensemble member."""
+        ...
+
+
+def mlp(sizes: Sequence[int], activation: type[nn.Module] = nn.ReLU) -> nn.Sequential:
+    """Linear layers `sizes[0] -> ... -> sizes[-1]` with `activation` between them (not after)."""
+    layers: list[nn.Module] = []
+    for i, (fan_in, fan_out) in enumerate(pairwise(sizes)):
+        if i > 0:
+            layers.append(activation())
+        layers.append(nn.Linear(fan_in, fan_out))
+    return nn.Sequential(*layers)
+
+
+def _flat_size(space: gym.spaces.Box, what: str) -> int:
+    if not isinstance(space, gym.spaces.Box) or len(space.shape) != 1:
+        raise ConfigError(f"the default networks need a flat (1-D) Box {what} space, got {space}")
+    return int(space.shape[0])
+
+
+class _DefaultActor(nn.Module):
+    """What the default actors share: their arguments and sizes.
+
+    Args:
+        observation_space: flat Box of the observations.
+        action_space: flat Box of the actions; only its size is used, since actions come out
+            in [-1, 1] and are scaled onto the bounds outside the network.
+        hidden_sizes: widths of the hidden layers.
+    """
+
+    def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Box) -> None:
+        super().__init__()
+        self.observation_size = _flat_size(observation_space, "observation")
+        self.action_size = _flat_size(action_space, "action")
+
+
+class SquashedGaussianActor(_DefaultActor):
+    """SAC's actor: a ReLU MLP giving a Gaussian's mean and log-std, squashed by tanh
+    (arguments as :class:`_DefaultActor`)."""
+
+    def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Box,
+                 hidden_sizes: Sequence[int] = (256, 256)) -> None:
+        super().__init__(observation_space, action_space)
+        sizes = [self.observation_size, *hidden_sizes]
+        self.trunk = nn.Sequential(*mlp(sizes), nn.ReLU()) if hidden_sizes else nn.Identity()
+        self.mean = nn.Linear(sizes[-1], self.action_size)
+        self.log_std = nn.Linear(sizes[-1], self.action_size)
+
+    def mean_and_log_std(self, observations: Tensor) -> tuple[Tensor, Tensor]:
+        """The pre-squash Gaussian's mean and log-std, each (B, A); log-std in [-5, 2]."""
+        features = self.trunk(observations)
+        # A smooth squash rather than a clamp (CleanRL's choice) keeps a gradient at the bounds.
+        raw = torch.tanh(self.log_std(features))
+        log_std = LOG_STD_MIN + 0.5 * (LOG_STD_MAX - LOG_STD_MIN) * (raw + 1)
+        return self.mean(features), log_std
+
+    def _draw(self, observations: Tensor, noise: Tensor | None = None
+              ) -> tuple[Tensor, Tensor, Tensor]:
+        """One reparameterised sample: (actions, the standard normal noise, log-std)."""
+        mean, log_std = self.mean_and_log_std(observations)
+        # randn_like draws on the tensor's device, so a CUDA graph replay draws afresh.
+        eps = torch.randn_like(mean) if noise is None else noise
+        return torch.tanh(mean + log_std.exp() * eps), eps, log_std
+
+    def sample(self, observations: Tensor, noise: Tensor | None = None) -> Tensor:
+        """Actions (B, A) drawn exactly as :meth:`forward` draws them, without computing their
+        log-probability: acting needs none, and skips its kernels. ``noise`` (B, A), a
+        standard normal draw, replaces the one made on the device."""
+        return self._draw(observations, noise)[0]
+
+    def forward(self, observations: Tensor) -> tuple[Tensor, Tensor]:
+        """A reparameterised sample: actions (B, A) in [-1, 1] and their log-probability (B,)."""
+        actions, eps, log_std = self._draw(observations)
+        # Gaussian log-density at mean + std * eps, written via eps: (x - mean) / std == eps.
+        gaussian = -0.5 * eps.pow(2) - log_std - 0.5 * math.log(2 * math.pi)
+        # Change of variables through tanh; 1e-6 keeps the log finite where |action| rounds to 1.
+        log_probs = (gaussian - torch.log(1 - actions.pow(2) + 1e-6)).sum(dim=-1)
+        return actions, log_probs
+
+    def deterministic_action(self, observations: Tensor) -> Tensor:
+        """tanh of the mean: the action to take when evaluating."""
+        mean, _ = self.mean_and_log_std(observations)
+        return torch.tanh(mean)
+
+
+class EnsembleCritic(nn.Module):
+    """`num_critics` Q networks evaluated together: each layer is one batched matmul.
+
+    Member e's layer l computes `h @ weights[l][e] + biases[l][e]`, like an `nn.Linear` with
+    weight `weights[l][e].T`, and is initialised the same way, so the ensemble behaves like
+    separate `nn.Linear` critics while costing one batched matmul per layer.
+
+    Args:
+        observation_space: flat Box of the observations.
+        action_space: flat Box of the actions.
+        hidden_sizes: widths of each member's hidden layers.
+        num_critics: ensemble members (2 for SAC's clipped double Q).
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.spaces.Box,
+        action_space: gym.spaces.Box,
+        hidden_sizes: Sequence[int] = (256, 256),
+        num_critics: int = 2,
+    ) -> None:
+        super().__init__()
+        if num_critics < 1:
+            raise ConfigError(f"num_critics must be at least 1, got {num_critics}")
+        self.observation_size = _flat_size(observation_space, "observation")
+        self.action_size = _flat_size(action_space, "action")
+        self.num_critics = int(num_critics)
+        sizes = [self.observation_size + self.action_size, *hidden_sizes, 1]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for fan_in, fan_out in pairwise(sizes):
+            self.weights.append(nn.Parameter(torch.empty(num_critics, fan_in, fan_out)))
+            self.biases.append(nn.Parameter(torch.empty(num_critics, 1, fan_out)))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Initialise every member as `nn.Linear` does: U(-1/sqrt(fan_in), 1/sqrt(fan_in))."""
+        # nn.Linear's kaiming_uniform_(a=sqrt(5)) works out to this bound; it cannot be called
+        # on the (E, in, out) tensor directly, since it would take in * out as the fan-in.
+        for weight, bias in zip(self.weights, self.biases, strict=True):
+            bound = 1.0 / math.sqrt(weight.shape[1])
+            nn.init.uniform_(weight, -bound, bound)
+            nn.init.uniform_(bias, -bound, bound)
+
+    def forward(self, observations: Tensor, actions: Tensor) -> Tensor:
+        """Q values shaped (B, num_critics)."""
+        x = torch.cat([observations, actions], dim=-1)
+        h = x.unsqueeze(0).expand(self.num_critics, -1, -1)
+        last = len(self.weights) - 1
+        for i, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
+            # Not `baddbmm`: on CUDA it first copies the broadcast bias into its output (a
+            # kernel of its own), where a separate add fuses into the next pointwise kernel
+            # (the ReLU, or the loss) under torch.compile.
+            h = torch.bmm(h, weight) + bias
+            if i < last:
+                h = torch.relu(h)
+        return h.squeeze(-1).transpose(0, 1)
+
+
+class StateActionInput(nn.Module):
+    """A critic that takes one packed `[observation | action]` tensor, as the critic step feeds it.
+
+    The wrapped critic is a submodule, so the wrapper's parameters are the critic's own.
+
+    Args:
+        critic: a `Critic`.
+        observation_size: columns of the packed input that are the observation; defaults to
+            `critic.observation_size`.
+    """
+
+    def __init__(self, critic: nn.Module, observation_size: int | None = None) -> None:
+        super().__init__()
+        self.critic = critic
+        if observation_size is None:
+            observation_size = getattr(critic, "observation_size", None)
+        if observation_size is None:
+            raise ValueError(
+                f"StateActionInput needs observation_size: {type(critic).__name__} has no "
+                "observation_size attribute to take it from"
+            )
+        self.observation_size = int(observation_size)
+
+    def _get_name(self) -> str:
+        # Errors about the critic step name the user's critic, not this adapter.
+        return f"{self.critic._get_name()} (via StateActionInput)"
+
+    def forward(self, inputs: Tensor) -> Tensor:
+        """`critic(inputs[..., :observation_size], inputs[..., observation_size:])`."""
+        return self.critic(inputs[..., : self.observation_size],
+                           inputs[..., self.observation_size :])
+
+
+class DeterministicActor(_DefaultActor):
+    """TD3's and DDPG's actor: a ReLU MLP whose output is squashed into [-1, 1] by tanh
+    (arguments as :class:`_DefaultActor`)."""
+
+    def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Box,
+                 hidden_sizes: Sequence[int] = (256, 256)) -> None:
+        super().__init__(observation_space, action_space)
+        self.net = mlp([self.observation_size, *hidden_sizes, self.action_size])
+
+    def forward(self, observations: Tensor) -> Tensor:
+        """The action (B, A) in [-1, 1]."""
+        return torch.tanh(self.net(observations))
+
+    def deterministic_action(self, observations: Tensor) -> Tensor:
+        """The same action as `forward`: exploration noise is the algorithm's job."""
+        # Through self.forward rather than an alias, so a subclass's forward is honoured.
+        return self.forward(observations)

@@ -1,0 +1,122 @@
+"""The collector: the environments and the acting. Each ``step()`` acts, steps every env once
+and stores the transition, and runs the update it is given where it overlaps best with the
+environments, so the training loop does not know which mode runs."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import gymnasium as gym
+import numpy as np
+
+from rl_graphstep.data.buffer import ReplayBuffer
+from rl_graphstep.envs.vector import EnvStepper, scale_action, true_next_observations
+from rl_graphstep.run.acting import ActionPipe
+from rl_graphstep.run.nonfinite import (
+    NonFiniteTally,
+    policy_inputs,
+    random_actions_for,
+    store_seeds,
+)
+
+Transition = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""(observations, actions, rewards, next observations, terminations), one row per env."""
+
+
+class Collector:
+    """Acts in ``envs`` and stores what happens in ``buffer``.
+
+    The order inside a step is what makes the loop fast on a GPU: the policy's action is
+    queued first and the update after it, so waiting for the action never waits for the
+    update; the host then steps the environments while the device updates (envs in
+    subprocesses step while the host launches the update). The previous step's transition is
+    stored while the action is computed, off the path from one env step to the next.
+
+    Args:
+        envs: the vector env, already reset; ``observations`` its current observations.
+        buffer: the replay buffer.
+        tally: counts (and keeps out of the buffer) transitions with NaN or inf values.
+        seed_tallies: with K seeds (a buffer of K rings, seed k's envs being rows k*n ..
+            k*n+n-1), one tally per seed, which stores each seed's rows into its own ring.
+    """
+
+    def __init__(self, envs: gym.vector.VectorEnv, observations: np.ndarray,
+                 buffer: ReplayBuffer, tally: NonFiniteTally, *,
+                 seed_tallies: Sequence[NonFiniteTally] = ()) -> None:
+        self.envs = envs
+        self.observations = observations
+        self.buffer = buffer
+        self.tally = tally
+        self.seed_tallies = list(seed_tallies)
+        self.policy: ActionPipe | None = None  # None: only random actions
+        space = envs.single_action_space
+        self._low, self._high = space.low, space.high
+        self._random_shape = (envs.num_envs, space.shape[0])
+        self._stepper = EnvStepper(envs)
+        self._pending: Transition | None = None
+        self.waited = 0.0  # seconds spent waiting for the policy's actions
+        self.waits = 0
+
+    def act_with(self, policy: ActionPipe) -> None:
+        """Let ``policy`` choose the actions of steps that explore."""
+        self.policy = policy
+
+    def step(self, global_step: int, *, explore: bool, update: Callable[[], None] | None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One step of every env, with the policy's actions when ``explore`` (and a policy is
+        set), else uniform random ones; ``update`` runs meanwhile. Returns the step's
+        rewards, terminations and truncations; the transition is stored by the next step (or
+        :meth:`flush`). ``global_step``: the env steps so far, for warnings."""
+        acting = explore and self.policy is not None
+        unsafe = None
+        if acting:
+            # Envs whose observation is not finite: the policy sees zeros there, and their
+            # actions are replaced by random ones (see policy_inputs).
+            safe, unsafe = policy_inputs(self.observations)
+            self.policy.request(safe)
+        self.flush(global_step)
+        if update is not None and not self._stepper.asynchronous:
+            update()
+        if acting:
+            with self._waiting():
+                actions, env_actions = self.policy.wait()
+            if unsafe is not None:
+                random_actions_for(unsafe, actions, env_actions, self._low, self._high)
+        else:
+            actions = np.random.uniform(-1.0, 1.0, self._random_shape)
+            env_actions = scale_action(actions, self._low, self._high)
+        self._stepper.start(env_actions)
+        if update is not None and self._stepper.asynchronous:
+            update()
+        next_observations, rewards, terminations, truncations, infos = self._stepper.finish()
+        self._pending = (self.observations, actions, rewards,
+                         true_next_observations(next_observations, infos), terminations)
+        self.observations = next_observations
+        return rewards, terminations, truncations
+
+    @property
+    def in_env_step(self) -> bool:
+        """Whether the envs are stepping in this process now (in their own code)."""
+        return self._stepper.in_env_step
+
+    def flush(self, global_step: int) -> None:
+        """Store the last step's transition now (before a checkpoint, say)."""
+        if self._pending is not None:
+            if self.seed_tallies:
+                store_seeds(self.seed_tallies, self.buffer, global_step, *self._pending)
+            else:
+                self.tally.store(self.buffer, global_step, *self._pending)
+            self._pending = None
+
+    def unstored_nonfinite(self) -> int:
+        """The non-finite rows of the transition not stored yet (see :meth:`step`)."""
+        return self.tally.count(self._pending)
+
+    @contextlib.contextmanager
+    def _waiting(self) -> Iterator[None]:
+        began = time.perf_counter()
+        yield
+        self.waited += time.perf_counter() - began
+        self.waits += 1

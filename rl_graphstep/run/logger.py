@@ -1,0 +1,129 @@
+"""Tensorboard logging whose per-step losses are summed on the device and synced once per write."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import torch
+from torch.utils.tensorboard import SummaryWriter
+
+from rl_graphstep.learners.metrics import MetricSums
+from rl_graphstep.settings.config import Config, config_to_dict
+
+_Log = TypeVar("_Log", bound="EventLog")
+
+
+class EventLog:
+    """What every tensorboard logger shares: `close` closes its event files once (safe to
+    call twice), and a ``with`` block flushes and closes them when it ends, however it ends.
+    A subclass writes `flush` and `_close_files`."""
+
+    _closed = False
+
+    def flush(self) -> None:
+        """Write pending events to disk."""
+        raise NotImplementedError
+
+    def _close_files(self) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Flush and close the event files; safe to call twice."""
+        if not self._closed:
+            self._closed = True
+            self._close_files()
+
+    @property
+    def closed(self) -> bool:
+        """Whether close() has run."""
+        return self._closed
+
+    def __enter__(self: _Log) -> _Log:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        # Also on exceptions and KeyboardInterrupt: what was logged must reach the disk.
+        try:
+            self.flush()
+        finally:
+            self.close()
+
+
+class Logger(EventLog):
+    """A SummaryWriter under `run_dir` plus device-side running sums of scalar tensors.
+
+    Args:
+        run_dir: folder of this run's event files (created when missing).
+        config_table: markdown written once as text under the tag `hyperparameters`.
+        purge_step: on resume, events at or after this step from a crashed run are hidden.
+
+    `accumulate` (or the learner's update graphs, through `sums`) never syncs with the device;
+    `write` syncs once and logs the interval means.
+    Sums not yet written when the logger closes are dropped (they have no step to log at).
+    """
+
+    def __init__(
+        self,
+        run_dir: Path | str,
+        config_table: str | None = None,
+        *,
+        purge_step: int | None = None,
+    ) -> None:
+        self.run_dir = Path(run_dir)
+        self._writer = SummaryWriter(str(self.run_dir), purge_step=purge_step)
+        # The running sums `accumulate` adds into; the training loop binds them to the
+        # learner, whose update graphs then add into them on the device.
+        self.sums = MetricSums()
+        if config_table is not None:
+            self._writer.add_text("hyperparameters", config_table)
+
+    def accumulate(self, values: dict[str, torch.Tensor]) -> None:
+        """Add each 0-dim tensor into its key's running sum, on its own device, without a sync."""
+        self.sums.add(values)
+
+    def write(self, step: int) -> dict[str, float]:
+        """Log and return each key's mean since the last write, then reset the sums."""
+        means = self.sums.take()
+        for key, mean in means.items():
+            self._writer.add_scalar(key, mean, step)
+        return means
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        """Log one host-side number right away."""
+        self._writer.add_scalar(tag, value, step)
+
+    def text(self, tag: str, text: str) -> None:
+        """Log a line of text (tensorboard's text tab)."""
+        self._writer.add_text(tag, text)
+
+    def episode(self, step: int, episodic_return: float, length: int) -> None:
+        """Log a finished episode as `charts/episodic_return` and `charts/episodic_length`."""
+        self._writer.add_scalar("charts/episodic_return", episodic_return, step)
+        self._writer.add_scalar("charts/episodic_length", length, step)
+
+    def flush(self) -> None:
+        """Write pending events to disk."""
+        self._writer.flush()
+
+    def _close_files(self) -> None:
+        self._writer.close()
+
+
+def to_markdown_table(cfg: Config) -> str:
+    """A `| key | value |` table of every field, for tensorboard's text panel."""
+    rows = [f"| {k} | {_cell(v)} |" for k, v in config_to_dict(cfg).items()]
+    return "\n".join(["| key | value |", "|---|---|", *rows])
+
+
+def _cell(value: Any) -> str:
+    # Mappings as JSON, the form --actor-kwargs takes; a bare "|" would end the cell early.
+    text = json.dumps(value, default=str) if isinstance(value, dict) else str(value)
+    return text.replace("|", "\\|")

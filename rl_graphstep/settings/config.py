@@ -1,0 +1,448 @@
+"""The typed run configuration: every setting of a run, its value checks, and its plain-value
+form for files and checkpoints (a value's type: fieldtypes; the seed group's rules: seedgroup;
+YAML files: configfile; the command line: flags)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import typing
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+from rl_graphstep.core.errors import ConfigError, type_name
+from rl_graphstep.settings.fieldtypes import typed_value, user_path
+from rl_graphstep.settings.seedgroup import (
+    SEED_MAX,
+    group_problem,
+    group_seeds,
+    num_seeds_problem,
+    seed_list_problem,
+)
+
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+# The values of every on/off setting that can also be left to the machine.
+SWITCH_MODES: tuple[str, ...] = ("auto", "on", "off")
+VEC_ENVS: tuple[str, ...] = ("auto", "sync", "async", "shared")
+
+
+
+def option(default: Any, help: str) -> Any:
+    """A dataclass field with a default and the help text its command-line flag shows."""
+    return dataclasses.field(default=default, metadata=helps(help))
+
+
+def helps(help: str) -> Mapping[str, str]:
+    """Field metadata with the flag's help text, for fields spelled out with dataclasses.field
+    (a mutable default needs `dataclasses.field(default_factory=dict, metadata=helps(...))`;
+    ruff's RUF009 only knows `field` as a field specifier)."""
+    return {"help": help}
+
+
+def field_default(f: dataclasses.Field[Any]) -> Any:
+    """The default value of a Config field, whether given directly or by a factory."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Every setting of a training run; defaults follow CleanRL's sac_continuous_action.py
+    (and td3_continuous_action.py for the TD3/DDPG noise settings)."""
+
+    env_id: str = option("Pendulum-v1", "gymnasium environment id")
+    algo: str = option("sac", "algorithm, a name in rl_graphstep.algorithms.ALGORITHMS")
+    seed: int = option(1, "seed of python, numpy, torch and the environments (with "
+                       "--num-seeds, the group's first seed)")
+    num_seeds: int = option(
+        1, "train this many seeds, --seed to --seed + N - 1, in one process and one update "
+        "each step (1: the single run); with --seeds, the count of those"
+    )
+    seeds: tuple[int, ...] | None = option(
+        None, "the group's seeds, e.g. 3 5 7, instead of --seed and --num-seeds"
+    )
+    total_timesteps: int = option(1_000_000, "environment steps of the whole run")
+    device: str = option("auto", "where to train: auto (cuda if available), cpu or cuda")
+    graph: str = option("auto", "captured CUDA-graph updates: auto (on with cuda), on or off")
+    run_name: str | None = option(
+        None, "run folder under --log-dir; None: {env_id}__{algo}__{seed}__{date_time}"
+    )
+    log_dir: str = option("runs", "folder that holds the tensorboard run folders")
+    compile: str = option(
+        "auto", "torch.compile the update steps before capture: auto (on with CUDA graphs "
+        "when the run's updates would save more time than compiling takes), on or off"
+    )
+    num_envs: int = option(1, "parallel environments of the vector env")
+    vec_env: str = option(
+        "auto", "how the environments step: sync (gymnasium's SyncVectorEnv, in this "
+        "process), async (its AsyncVectorEnv, one subprocess per env, through pipes), "
+        "shared (worker processes polling shared memory, one per CPU but one) or auto "
+        "(shared with CUDA graphs, several envs and at least 4 CPUs on x86-64, else sync)"
+    )
+    updates_per_step: int = option(1, "gradient updates per environment iteration")
+    tf32: bool = option(
+        False, "float32 matmuls on TF32 tensor cores (CUDA): faster, with products rounded "
+        "to a 10-bit mantissa"
+    )
+    action_stream: str = option(
+        "auto", "with CUDA graphs, select each action on a stream of its own, beside the "
+        "updates, waiting for none of them: from the actor as it was at the previous action "
+        "(one round of updates behind), with the exploration noise drawn on the host; auto "
+        "(on with CUDA graphs and an actor that takes host noise), on, or off (on the "
+        "updates' stream, from the actor after the last update, noise drawn on the device)"
+    )
+    buffer_size: int = option(1_000_000, "replay buffer capacity in transitions")
+    batch_size: int = option(256, "rows per gradient update")
+    gamma: float = option(0.99, "discount factor")
+    tau: float = option(0.005, "target network Polyak averaging rate")
+    learning_starts: int = option(5000, "environment steps of random actions before learning")
+    policy_lr: float = option(3e-4, "actor (and SAC temperature) learning rate")
+    q_lr: float = option(1e-3, "critic learning rate")
+    policy_frequency: int = option(
+        2, "critic updates per actor update (delayed actor; TD3's policy delay)"
+    )
+    target_network_frequency: int = option(
+        1, "critic updates per target network update (SAC; TD3 and DDPG move their targets "
+        "with each delayed actor update, every --policy-frequency)"
+    )
+    alpha: float = option(0.2, "initial entropy temperature (SAC)")
+    autotune: bool = option(True, "learn the temperature towards the target entropy (SAC)")
+    policy_noise: float = option(
+        0.2, "TD3 target policy smoothing noise std, in [-1, 1] action units"
+    )
+    noise_clip: float = option(0.5, "TD3 clip of the target policy smoothing noise, [-1, 1] units")
+    exploration_noise: float = option(
+        0.1, "TD3/DDPG Gaussian exploration noise std, in [-1, 1] action units"
+    )
+    hidden_sizes: tuple[int, ...] = option((256, 256), "hidden layer widths of actor and critic")
+    actor: str | None = option(
+        None, "custom actor class, package.module:ClassName or path/to/file.py:ClassName"
+    )
+    critic: str | None = option(
+        None, "custom critic class, package.module:ClassName or path/to/file.py:ClassName"
+    )
+    actor_kwargs: dict[str, Any] = dataclasses.field(
+        default_factory=dict,
+        metadata=helps("keyword arguments of a custom --actor's constructor, a YAML/JSON mapping"),
+    )
+    critic_kwargs: dict[str, Any] = dataclasses.field(
+        default_factory=dict,
+        metadata=helps("keyword arguments of a custom --critic's constructor, a YAML/JSON mapping"),
+    )
+    critic_max_grad_norm: float = option(100.0, "critic gradient-norm clip")
+    actor_max_grad_norm: float = option(100.0, "actor gradient-norm clip")
+    log_interval: int = option(1000, "environment steps between tensorboard writes")
+    progress: bool = option(
+        True, "show progress: a bar on a terminal, else a line at most every 10 s (off: only "
+        "the first lines and the last)"
+    )
+    checkpoint_every: int = option(
+        50_000, "environment steps between checkpoints (one is always written at the end)"
+    )
+    keep_checkpoints: int = option(3, "how many of the newest checkpoints to keep")
+    save_buffer: bool = option(False, "include the replay buffer in checkpoints (exact resume)")
+    resume: str | None = option(
+        None, "continue the run in this folder (runs/<run>) from its latest checkpoint"
+    )
+    nonfinite_limit: int = option(
+        1000, "stop after this many consecutive updates skipped for non-finite values"
+    )
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            # Direct construction gets the same type checks as YAML (and lists become tuples,
+            # so a Config stays hashable); frozen, hence object.__setattr__.
+            object.__setattr__(self, f.name, _coerce(f.name, getattr(self, f.name)))
+            problem = value_problem(f.name, getattr(self, f.name))
+            if problem:
+                raise ConfigError(f"{flag_of(f.name)} {problem}")
+        if self.seeds is not None and self.num_seeds == 1:
+            # num_seeds is always the group's size K, however the seeds were given.
+            object.__setattr__(self, "num_seeds", len(self.seeds))
+        problem = group_problem(self.seed, self.num_seeds, self.seeds)
+        if problem:
+            raise ConfigError(problem)
+        if self.autotune and self.alpha == 0:
+            raise ConfigError("--alpha must be > 0 with --autotune (it starts log(alpha)), got 0.0")
+        problem = _learning_problem(self)
+        if problem:
+            raise ConfigError(problem)
+
+    @property
+    def seed_list(self) -> tuple[int, ...]:
+        """The seeds of the run, one for a single run: ``--seeds`` as given, else ``--seed``
+        to ``--seed + --num-seeds - 1``. Their count is ``num_seeds``."""
+        return group_seeds(self.seed, self.num_seeds, self.seeds)
+
+    def __hash__(self) -> int:
+        # The generated hash would fail on the kwargs dicts; hash a frozen copy of every value.
+        return hash(tuple(_freeze(getattr(self, f.name)) for f in dataclasses.fields(self)))
+
+
+def _learning_problem(cfg: Config) -> str | None:
+    """Why a run of ``cfg`` would end without a single update (and save untrained networks),
+    or None. Updates start once more than ``learning_starts`` steps are taken and the buffer
+    holds a batch."""
+    if cfg.batch_size > cfg.buffer_size:
+        return (f"--batch-size {cfg.batch_size} is above --buffer-size {cfg.buffer_size}: the "
+                "replay buffer could never hold one batch, so no update would run; lower "
+                "--batch-size or raise --buffer-size")
+    if cfg.learning_starts >= cfg.total_timesteps:
+        return (f"--learning-starts {cfg.learning_starts} is not below --total-timesteps "
+                f"{cfg.total_timesteps}: the run would end before its first update; lower "
+                "--learning-starts or raise --total-timesteps")
+    if cfg.batch_size >= cfg.total_timesteps:
+        return (f"--batch-size {cfg.batch_size} is not below --total-timesteps "
+                f"{cfg.total_timesteps}: the run would end before the replay buffer holds one "
+                "batch, so no update would run; lower --batch-size or raise --total-timesteps")
+    return None
+
+
+FIELDS: dict[str, dataclasses.Field[Any]] = {f.name: f for f in dataclasses.fields(Config)}
+# Resolved annotations (the module uses postponed evaluation, so f.type is a string).
+FIELD_TYPES: dict[str, Any] = typing.get_type_hints(Config)
+
+# Settings that left Config -> the line a flag or YAML key naming one gets instead (each was a
+# boolean flag, so its --no- form too). {old} is the name as the user wrote it; any other
+# {field} names today's setting, as a flag on the command line and as a key in a file.
+REMOVED: dict[str, str] = {
+    "async_envs": "{old} was replaced by {vec_env} async ({vec_env} auto is the default)",
+    "env_worker": "{old} was removed: it never measured faster than the default; use "
+                  "{vec_env} async to step the environments in subprocesses",
+    "overlap": "{old} was removed: the loop always steps the environments while the GPU "
+               "updates",
+}
+
+
+class _Spelling(dict[str, str]):
+    """``str.format_map`` names: ``old`` as given, every other key a setting's flag or key."""
+
+    def __init__(self, old: str, *, as_flag: bool) -> None:
+        super().__init__(old=old)
+        self.as_flag = as_flag
+
+    def __missing__(self, name: str) -> str:
+        return flag_of(name) if self.as_flag else f"{name}:"
+
+
+def removed_flags() -> dict[str, str]:
+    """Every command-line spelling of a removed setting -> its line."""
+    return {flag: message.format_map(_Spelling(flag, as_flag=True))
+            for name, message in REMOVED.items()
+            for flag in (flag_of(name), "--no-" + flag_of(name)[2:])}
+
+
+def _removed_key(name: str, source: str) -> str:
+    return REMOVED[name].format_map(_Spelling(f"config key {name!r} in {source}", as_flag=False))
+
+_POSITIVE_INTS = (
+    "total_timesteps",
+    "num_envs",
+    "updates_per_step",
+    "buffer_size",
+    "batch_size",
+    "policy_frequency",
+    "target_network_frequency",
+    "log_interval",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "nonfinite_limit",
+    "num_seeds",
+)
+CHOICES: dict[str, tuple[str, ...]] = {
+    "device": DEVICES, "vec_env": VEC_ENVS, "graph": SWITCH_MODES,
+    "compile": SWITCH_MODES, "action_stream": SWITCH_MODES,
+}
+# The auto/on/off settings: YAML 1.1 reads a bare on/off as true/false, and configs saved
+# before --action-stream had an auto value hold a bool there; both mean on/off.
+SWITCH_FIELDS = tuple(name for name, choices in CHOICES.items() if choices is SWITCH_MODES)
+
+
+_NOISES = ("policy_noise", "noise_clip", "exploration_noise")
+_SPEC_FORMS = "package.module:ClassName or path/to/file.py:ClassName"
+
+
+def flag_of(name: str) -> str:
+    """The command-line flag of a field: ``batch_size`` -> ``--batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def _freeze(value: Any) -> Any:
+    """A hashable stand-in for a (nested) YAML value: lists become tuples and dicts frozensets
+    of their items (equal dicts in another key order must hash alike)."""
+    if isinstance(value, Mapping):
+        return frozenset((k, _freeze(v)) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, (set, frozenset)):
+        return frozenset(_freeze(v) for v in value)
+    return value
+
+
+def _spec_problem(value: str) -> str | None:
+    """Only the `something:ClassName` shape is checked here; importing happens at build time."""
+    where, colon, name = value.rpartition(":")
+    if not colon:
+        return f"must be {_SPEC_FORMS}, got {value!r} (no ':')"
+    # A dotted name is a class's __qualname__ (Outer.Inner), as runs record classes passed
+    # from Python; "<locals>" ones are refused with their reason when loaded.
+    parts = name.split(".")
+    if not where.strip() or not all(p.isidentifier() or p == "<locals>" for p in parts):
+        return f"must be {_SPEC_FORMS}, got {value!r}"
+    return None
+
+
+# Torch sizes and counts are int64.
+INT_MAX = 2**63 - 1
+# More environments than this is a typo: each is an object (or a process) of its own.
+MAX_NUM_ENVS = 4096
+# More updates per env iteration than this is a typo (high update-to-data methods such as
+# REDQ use 20): an iteration is where a stop signal is heard, and 10**9 updates never end one.
+MAX_UPDATES_PER_STEP = 1000
+_STRINGS = ("env_id", "log_dir", "run_name", "resume", "actor", "critic")
+
+
+def _limit_problem(name: str, value: Any) -> str | None:
+    """Values that pass the field's own check but that numpy, torch or the file system
+    cannot take: seeds and counts out of range, infinite rates, unusable names."""
+    if name == "seed" and value > SEED_MAX:
+        return f"must be at most {SEED_MAX} (2**32 - 1, numpy's seed range), got {value}"
+    if name in (*_POSITIVE_INTS, "learning_starts") and value > INT_MAX:
+        return f"must be at most {INT_MAX} (2**63 - 1), got {value}"
+    if name == "num_envs" and value > MAX_NUM_ENVS:
+        return f"must be at most {MAX_NUM_ENVS}, got {value}"
+    if name == "updates_per_step" and value > MAX_UPDATES_PER_STEP:
+        return f"must be at most {MAX_UPDATES_PER_STEP}, got {value}"
+    if name == "num_seeds":
+        return num_seeds_problem(value)
+    if name in ("policy_lr", "q_lr") and not math.isfinite(value):
+        return f"must be a finite number > 0, got {value!r}"
+    if name in _STRINGS and isinstance(value, str):
+        if any(ord(c) < 32 or ord(c) == 127 for c in value):
+            return f"must not contain control characters such as NUL or a newline, got {value!r}"
+        if name == "resume" and not value.strip():
+            return "must not be empty: give a run folder or a checkpoint file"
+        if name == "run_name" and ("/" in value or "\\" in value or value in (".", "..")):
+            return f"must be one folder name (no / or \\, not . or ..), got {value!r}"
+    return None
+
+
+def value_problem(name: str, value: Any) -> str | None:
+    """What is wrong with one (already well-typed) value, or None when it is fine."""
+    if name in CHOICES and value not in CHOICES[name]:
+        return f"must be one of {', '.join(CHOICES[name])}, got {value!r}"
+    if name in _POSITIVE_INTS and value <= 0:
+        return f"must be a positive int, got {value!r}"
+    if name in ("seed", "learning_starts") and value < 0:
+        return f"must be >= 0, got {value!r}"
+    if name == "tau" and not 0 < value <= 1:
+        return f"must be in (0, 1], got {value!r}"
+    if name == "gamma" and not 0 <= value <= 1:
+        return f"must be in [0, 1], got {value!r}"
+    if name in ("policy_lr", "q_lr", "critic_max_grad_norm", "actor_max_grad_norm") and not (
+        value > 0
+    ):
+        return f"must be > 0, got {value!r}"
+    if name == "alpha" and not (value >= 0 and math.isfinite(value)):
+        return f"must be a finite number >= 0, got {value!r}"
+    if name == "seeds" and value is not None:
+        return seed_list_problem(value)
+    if name == "hidden_sizes" and (not value or any(w <= 0 for w in value)):
+        return f"must be one or more positive ints, got {list(value)!r}"
+    if name in _NOISES and not (value >= 0 and math.isfinite(value)):
+        return f"must be a finite number >= 0, got {value!r}"
+    if name in ("actor", "critic") and value is not None:
+        return _spec_problem(value)
+    if name in ("env_id", "log_dir", "run_name") and value == "":
+        return "must not be empty"
+    return _limit_problem(name, value)
+
+
+def unused_kwargs_problem(cfg: Config, *, actor: bool, critic: bool) -> str | None:
+    """Why ``cfg``'s network keyword arguments would be ignored, or None: the default actor
+    or critic takes none (its widths are ``--hidden-sizes``). ``actor``/``critic``: whether a
+    custom one is built (given to ``train`` or named by ``cfg``)."""
+    for role, custom in (("actor", actor), ("critic", critic)):
+        kwargs = getattr(cfg, f"{role}_kwargs")
+        if kwargs and not custom:
+            flag = flag_of(f"{role}_kwargs")
+            return (f"{flag} {kwargs} is given for the default {role}, which takes no keyword "
+                    f"arguments (its widths are --hidden-sizes); give {flag_of(role)} "
+                    f"package.module:ClassName too, or drop {flag}")
+    return None
+
+
+# Fields that name a folder or file: a leading ~ is the user's home (see user_path).
+_PATHS = ("log_dir", "resume")
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Convert one YAML/dict value to the field's type; ConfigError names what was expected."""
+    value = typed_value(name, FIELD_TYPES[name], value, switch=name in SWITCH_FIELDS)
+    if name in _PATHS and isinstance(value, str) and value.startswith("~"):
+        value = str(user_path(value))
+    return value
+
+
+def coerce_mapping(data: Mapping[Any, Any], source: str) -> dict[str, Any]:
+    """Check keys, types and values of a partial config mapping; `source` names it in errors."""
+    out: dict[str, Any] = {}
+    for key, raw in data.items():
+        if key in REMOVED:
+            raise ConfigError(_removed_key(key, source))
+        if key not in FIELDS:
+            close = difflib.get_close_matches(str(key), FIELDS, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise ConfigError(
+                f"unknown config key {key!r} in {source}{hint}; valid keys: {', '.join(FIELDS)}"
+            )
+        try:
+            value = _coerce(key, raw)
+        except ConfigError as err:
+            raise ConfigError(f"{err} in {source}") from None
+        problem = value_problem(key, value)
+        if problem:
+            raise ConfigError(f"{key} {problem} in {source}")
+        out[key] = value
+    return out
+
+
+def config_from_dict(data: Mapping[str, Any], source: str = "the config mapping") -> Config:
+    """Build a Config from a (partial) mapping of field names; missing keys keep defaults."""
+    if not isinstance(data, Mapping):
+        raise TypeError("config_from_dict() takes a mapping of settings such as "
+                        f"{{'batch_size': 64}}, got {type_name(data)}")
+    return Config(**coerce_mapping(data, source))
+
+
+def saved_config_values(saved: Mapping[str, Any], *, resuming: bool = False) -> dict[str, Any]:
+    """A checkpoint's saved config in today's fields. Runs from before --vec-env saved
+    ``async_envs`` (true is ``vec_env: async``), ``env_worker`` and ``overlap`` (dropped: the
+    envs step in this process, beside the updates). ``resuming``: say so where the run was
+    stepped by the env worker."""
+    values = {key: value for key, value in saved.items() if key not in REMOVED}
+    if "vec_env" not in saved:
+        # Such a run stepped its envs in the process (sync) or in subprocesses (async).
+        values["vec_env"] = "async" if saved.get("async_envs") is True else "sync"
+    if resuming and saved.get("env_worker") is True:
+        warnings.warn("this run stepped its environments in the env worker, which was removed; "
+                      "they now step in this process (--vec-env sync)", stacklevel=3)
+    return values
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain YAML/JSON-safe values (tuples become lists, also inside the kwargs dicts);
+    config_from_dict round-trips it."""
+    return {k: plain_value(v) for k, v in dataclasses.asdict(cfg).items()}
+
+
+def plain_value(value: Any) -> Any:
+    """A value as YAML/JSON holds it: tuples become lists, also inside mappings."""
+    if isinstance(value, Mapping):
+        return {k: plain_value(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_value(v) for v in value]
+    return value

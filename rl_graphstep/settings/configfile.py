@@ -1,0 +1,134 @@
+"""The YAML config files: the shipped one tuned for an env's family, and reading one file;
+the YAML loader every file and flag the project reads goes through (a key given twice is an
+error, not the last value silently)."""
+
+from __future__ import annotations
+
+import importlib.resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from rl_graphstep.core.errors import ConfigError
+from rl_graphstep.settings.config import coerce_mapping
+from rl_graphstep.settings.fieldtypes import user_path
+
+if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11+; the package supports 3.10
+    from importlib.resources.abc import Traversable
+
+# Env-id base names (before "-vN") that share the MuJoCo default hyperparameters.
+MUJOCO_ENVS: frozenset[str] = frozenset(
+    {
+        "Ant",
+        "HalfCheetah",
+        "Hopper",
+        "Humanoid",
+        "HumanoidStandup",
+        "InvertedDoublePendulum",
+        "InvertedPendulum",
+        "Pusher",
+        "Reacher",
+        "Swimmer",
+        "Walker2d",
+    }
+)
+
+
+class DuplicateKeyError(yaml.YAMLError):
+    """A mapping of a YAML text gives one key twice, at ``first`` and at ``second``."""
+
+    def __init__(self, key: Any, first: yaml.Mark, second: yaml.Mark) -> None:
+        where = (f"lines {first.line + 1} and {second.line + 1}" if first.line != second.line
+                 else f"line {first.line + 1}, columns {first.column + 1} and "
+                      f"{second.column + 1}")
+        super().__init__(f"key {key!r} appears twice ({where})")
+        self.key = key
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping, at any depth (the
+    safe loader keeps the last value, so the line a user edited may be the one ignored)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        # Checked before the base class flattens `<<` merges, whose keys a mapping may
+        # override by design.
+        seen: dict[Any, yaml.Mark] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node.start_mark)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if first is not key_node.start_mark:
+                raise DuplicateKeyError(key, first, key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse one YAML document safely; a key given twice raises :class:`DuplicateKeyError`."""
+    return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader: builds plain values only
+
+
+def default_config_file(env_id: str, algo: str = "sac") -> Traversable | None:
+    """The shipped `configs/{algo}_{family}.yaml` tuned for env_id's family, or None (also for
+    an unknown algo, which the algorithms' registry then reports)."""
+    base = env_id.rsplit("/", 1)[-1].split("-v")[0]
+    family = "pendulum" if base == "Pendulum" else "mujoco" if base in MUJOCO_ENVS else None
+    if family is None or not algo.isidentifier():
+        return None
+    path = _configs_dir() / f"{algo}_{family}.yaml"
+    return path if path.is_file() else None
+
+
+def _configs_dir() -> Traversable:
+    """The shipped configs: package data when installed, the checkout's `configs/` when the
+    package runs straight from a source tree (not installed)."""
+    try:
+        return importlib.resources.files("rl_graphstep.configs")
+    except ModuleNotFoundError:
+        return Path(__file__).resolve().parent.parent / "configs"
+
+
+def read_config_file(path: Path | Traversable | str) -> dict[str, Any]:
+    """Read, type-check and value-check one YAML config file (a partial mapping of fields).
+    A file cannot resume a run: ``--resume`` keeps the run's own config, which the file's
+    other settings (and, under it, the defaults) would otherwise silently replace."""
+    values = coerce_mapping(read_yaml_mapping(path), str(path))
+    if values.get("resume") is not None:
+        raise ConfigError(f"config file {str(path)!r} sets resume: a run is resumed with "
+                          "--resume RUN on the command line, with its own config (override "
+                          "single settings with their flags); remove the line")
+    return values
+
+
+def read_yaml_mapping(path: Path | Traversable | str, kind: str = "config file"
+                      ) -> dict[str, Any]:
+    """One YAML file's top-level mapping, unchecked (empty for an empty file); a missing file,
+    bad YAML or another top level is one line naming the ``kind`` of file."""
+    path = user_path(path) if isinstance(path, str) else path
+    name = str(path)
+    if not path.is_file():
+        what = "is not a file" if isinstance(path, Path) and path.exists() else "does not exist"
+        raise ConfigError(f"{kind} {name!r} {what}")
+    try:
+        data = load_yaml(path.read_text(encoding="utf-8"))
+    except DuplicateKeyError as err:
+        raise ConfigError(f"{kind} {name!r}: {err}; keep one of them") from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise ConfigError(f"{kind} {name!r} is not valid YAML{where}: {problem}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{kind} {name!r} cannot be read: {err}") from None
+    if data is None:  # an empty file (or only comments) changes nothing
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{kind} {name!r} must be a mapping of key: value lines, "
+            f"got a YAML {type(data).__name__}"
+        )
+    return data

@@ -1,0 +1,357 @@
+"""Tests for the default actor and critic: shapes, ranges, and numbers against hand computation."""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from rl_graphstep.algorithms.sac import SAC
+from rl_graphstep.core.errors import ConfigError
+from rl_graphstep.networks.builtin import (
+    LOG_STD_MAX,
+    LOG_STD_MIN,
+    Critic,
+    DeterministicActor,
+    DeterministicPolicy,
+    EnsembleCritic,
+    SACActor,
+    SquashedGaussianActor,
+    StateActionInput,
+    mlp,
+)
+from rl_graphstep.settings.config import Config
+
+OBS_SPACE = gym.spaces.Box(-np.inf, np.inf, (5,), np.float32)
+ACT_SPACE = gym.spaces.Box(-2.0, 2.0, (3,), np.float32)
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def test_mlp_layers() -> None:
+    net = mlp([4, 8, 6, 2])
+    kinds = [type(layer) for layer in net]
+    assert kinds == [nn.Linear, nn.ReLU, nn.Linear, nn.ReLU, nn.Linear]
+    assert [(m.in_features, m.out_features) for m in net if isinstance(m, nn.Linear)] == [
+        (4, 8),
+        (8, 6),
+        (6, 2),
+    ]
+    assert isinstance(mlp([4, 2], activation=nn.Tanh)[0], nn.Linear)
+    assert [type(m) for m in mlp([4, 3, 2], activation=nn.Tanh)][1] is nn.Tanh
+
+
+def test_actor_output_shapes_and_ranges() -> None:
+    actor = SquashedGaussianActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(32, 32))
+    # Large inputs push some pre-squash values far out, where tanh rounds to ±1.
+    observations = torch.randn(64, 5) * 100
+    actions, log_probs = actor(observations)
+    assert actions.shape == (64, 3)
+    assert log_probs.shape == (64,)
+    assert actions.abs().max() <= 1.0
+    assert torch.isfinite(log_probs).all()
+    deterministic = actor.deterministic_action(observations)
+    assert deterministic.shape == (64, 3)
+    assert deterministic.abs().max() <= 1.0
+    assert isinstance(actor, SACActor)
+
+
+def test_actor_samples_are_fresh_and_reparameterised() -> None:
+    actor = SquashedGaussianActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(16,))
+    observations = torch.randn(8, 5)
+    first, _ = actor(observations)
+    second, _ = actor(observations)
+    assert not torch.equal(first, second)
+    actions, log_probs = actor(observations)
+    (actions.sum() + log_probs.sum()).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in actor.parameters())
+
+
+def test_actor_log_prob_matches_hand_computation() -> None:
+    actor = SquashedGaussianActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(16, 16))
+    observations = torch.randn(10, 5)
+    torch.manual_seed(123)
+    actions, log_probs = actor(observations)
+
+    # Recompute by hand with the same noise: replay the seed and draw eps the same way.
+    layers = [actor.trunk[0], actor.trunk[2]]
+    h = observations
+    for layer in layers:
+        h = torch.relu(h @ layer.weight.T + layer.bias)
+    mean = h @ actor.mean.weight.T + actor.mean.bias
+    raw = h @ actor.log_std.weight.T + actor.log_std.bias
+    log_std = -5 + 0.5 * (2 + 5) * (torch.tanh(raw) + 1)
+    std = log_std.exp()
+    torch.manual_seed(123)
+    eps = torch.randn(10, 3)
+    pre_tanh = mean + std * eps
+    want_actions = torch.tanh(pre_tanh)
+    normal_log_density = (
+        -((pre_tanh - mean) ** 2) / (2 * std**2) - log_std - 0.5 * math.log(2 * math.pi)
+    )
+    want = (normal_log_density - torch.log(1 - want_actions**2 + 1e-6)).sum(dim=1)
+
+    torch.testing.assert_close(actions, want_actions)
+    torch.testing.assert_close(log_probs, want, rtol=1e-5, atol=1e-4)
+    # And against torch.distributions, which the network itself must not use.
+    reference = torch.distributions.Normal(mean, std).log_prob(pre_tanh)
+    reference = (reference - torch.log(1 - want_actions**2 + 1e-6)).sum(dim=1)
+    torch.testing.assert_close(log_probs, reference, rtol=1e-5, atol=1e-4)
+
+
+def test_actor_sample_is_forwards_draw_to_the_bit_and_sac_acts_with_it() -> None:
+    actor = SquashedGaussianActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(16,))
+    observations = torch.randn(64, 5)
+    torch.manual_seed(4)
+    drawn, _ = actor(observations)
+    after_forward = torch.rand(())
+    torch.manual_seed(4)
+    sampled = actor.sample(observations)
+    assert torch.equal(sampled, drawn) and torch.rand(()) == after_forward  # same noise used
+    cfg = Config()
+    sac = SAC(actor, EnsembleCritic(OBS_SPACE, ACT_SPACE, (16,)), cfg, action_size=3,
+              device=torch.device("cpu"))
+    calls = []
+    actor.sample = lambda obs: calls.append(obs) or drawn  # type: ignore[method-assign]
+    assert sac.explore(sac.actor, observations) is drawn and calls == [observations]
+    del actor.sample
+    torch.manual_seed(4)
+    assert torch.equal(sac.explore(sac.actor, observations), drawn)
+
+
+def test_sample_with_given_noise_is_the_draw_that_noise_makes_and_draws_nothing() -> None:
+    actor = SquashedGaussianActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(16,))
+    observations = torch.randn(64, 5)
+    torch.manual_seed(4)
+    drawn, _ = actor(observations)
+    torch.manual_seed(4)
+    noise = torch.randn(64, 3)  # what forward's randn_like drew
+    before = torch.get_rng_state()
+    assert torch.equal(actor.sample(observations, noise), drawn)
+    assert torch.equal(torch.get_rng_state(), before)  # nothing drawn
+    sac = SAC(actor, EnsembleCritic(OBS_SPACE, ACT_SPACE, (16,)), Config(), action_size=3,
+              device=torch.device("cpu"))
+    assert sac.exploration_noise_size() == 3
+    assert torch.equal(sac.explore(sac.actor, observations, noise), drawn)
+
+
+def test_sac_hands_the_noise_to_a_keyword_only_noise_argument() -> None:
+    class KeywordNoiseActor(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.tensor(1.0))  # SAC's optimizer needs one
+
+        def forward(self, observations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return torch.tanh(observations[:, :3]), observations.sum(1)
+
+        def sample(self, observations: torch.Tensor, *, noise: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(observations[:, :3] + noise)
+
+    sac = SAC(KeywordNoiseActor(), EnsembleCritic(OBS_SPACE, ACT_SPACE, (16,)), Config(),
+              action_size=3, device=torch.device("cpu"))
+    observations, noise = torch.randn(4, 5), torch.randn(4, 3)
+    assert sac.exploration_noise_size() == 3
+    assert torch.equal(sac.explore(sac.actor, observations, noise),
+                       torch.tanh(observations[:, :3] + noise))
+
+
+class SampleWithoutNoiseActor(nn.Module):
+    """A custom actor whose ``sample`` draws its own noise: SAC cannot hand it any."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(1.0))
+
+    def forward(self, observations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tanh(observations[:, :3]), observations.sum(1)
+
+    def sample(self, observations: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(observations[:, :3] + torch.randn(len(observations), 3))
+
+
+@pytest.mark.parametrize("actor", ["SampleWithoutNoiseActor", "ForwardOnlyActor"])
+def test_sac_draws_on_the_device_for_actors_that_take_no_noise(actor: str) -> None:
+    sac = SAC(globals()[actor](), EnsembleCritic(OBS_SPACE, ACT_SPACE, (16,)), Config(),
+              action_size=3, device=torch.device("cpu"))
+    assert sac.exploration_noise_size() == 0
+
+
+class ForwardOnlyActor(nn.Module):
+    """A custom stochastic actor with no ``sample``: SAC acts with its forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, observations: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tanh(self.scale * observations[:, :3]), observations.sum(1)
+
+
+def test_sac_acts_with_forward_when_the_actor_has_no_sample() -> None:
+    sac = SAC(ForwardOnlyActor(), EnsembleCritic(OBS_SPACE, ACT_SPACE, (16,)), Config(),
+              action_size=3, device=torch.device("cpu"))
+    observations = torch.randn(4, 5)
+    torch.testing.assert_close(sac.explore(sac.actor, observations),
+                               torch.tanh(0.5 * observations[:, :3]))
+
+
+def test_actor_deterministic_action_is_tanh_of_mean() -> None:
+    actor = SquashedGaussianActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(16,))
+    observations = torch.randn(4, 5)
+    mean, _ = actor.mean_and_log_std(observations)
+    torch.testing.assert_close(actor.deterministic_action(observations), torch.tanh(mean))
+
+
+@pytest.mark.parametrize(("bias", "bound"), [(1e3, LOG_STD_MAX), (-1e3, LOG_STD_MIN)])
+def test_actor_log_std_bounds(bias: float, bound: float) -> None:
+    actor = SquashedGaussianActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(8,))
+    with torch.no_grad():
+        actor.log_std.weight.zero_()
+        actor.log_std.bias.fill_(bias)
+    _, log_std = actor.mean_and_log_std(torch.randn(6, 5))
+    assert (LOG_STD_MIN, LOG_STD_MAX) == (-5.0, 2.0)
+    torch.testing.assert_close(log_std, torch.full((6, 3), bound))
+
+
+def test_actor_log_std_midpoint() -> None:
+    actor = SquashedGaussianActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(8,))
+    with torch.no_grad():
+        actor.log_std.weight.zero_()
+        actor.log_std.bias.zero_()
+    _, log_std = actor.mean_and_log_std(torch.randn(2, 5))
+    torch.testing.assert_close(log_std, torch.full((2, 3), -1.5))
+
+
+def hand_critic(critic: EnsembleCritic, member: int, obs: torch.Tensor, act: torch.Tensor):
+    """Member `member` of the ensemble as a plain MLP built from its slice of the weights."""
+    h = torch.cat([obs, act], dim=1)
+    layers = list(zip(critic.weights, critic.biases, strict=True))
+    for i, (weight, bias) in enumerate(layers):
+        h = h @ weight[member] + bias[member, 0]
+        if i < len(layers) - 1:
+            h = torch.relu(h)
+    return h[:, 0]
+
+
+@pytest.mark.parametrize("num_critics", [1, 2, 5])
+def test_ensemble_equals_separate_critics(num_critics: int) -> None:
+    critic = EnsembleCritic(OBS_SPACE, ACT_SPACE, hidden_sizes=(32, 16), num_critics=num_critics)
+    obs, act = torch.randn(20, 5), torch.rand(20, 3) * 2 - 1
+    q = critic(obs, act)
+    assert q.shape == (20, num_critics)
+    for e in range(num_critics):
+        torch.testing.assert_close(q[:, e], hand_critic(critic, e, obs, act))
+    assert isinstance(critic, Critic)
+
+
+def test_ensemble_matches_nn_linear_critics_loaded_with_its_weights() -> None:
+    critic = EnsembleCritic(OBS_SPACE, ACT_SPACE, hidden_sizes=(16, 16), num_critics=2)
+    obs, act = torch.randn(7, 5), torch.randn(7, 3)
+    for e in range(2):
+        net = mlp([8, 16, 16, 1])
+        linears = [m for m in net if isinstance(m, nn.Linear)]
+        with torch.no_grad():
+            for linear, weight, bias in zip(linears, critic.weights, critic.biases, strict=True):
+                linear.weight.copy_(weight[e].T)
+                linear.bias.copy_(bias[e, 0])
+        torch.testing.assert_close(critic(obs, act)[:, e], net(torch.cat([obs, act], 1))[:, 0])
+
+
+def test_ensemble_members_differ_and_init_like_nn_linear() -> None:
+    critic = EnsembleCritic(OBS_SPACE, ACT_SPACE, hidden_sizes=(256, 256), num_critics=2)
+    for weight, bias in zip(critic.weights, critic.biases, strict=True):
+        assert not torch.equal(weight[0], weight[1])
+        assert not torch.equal(bias[0], bias[1])
+        bound = 1 / math.sqrt(weight.shape[1])
+        assert weight.abs().max() <= bound and bias.abs().max() <= bound
+        # U(-b, b) has standard deviation b / sqrt(3), as nn.Linear's weights do.
+        reference = nn.Linear(weight.shape[1], weight.shape[2]).weight
+        assert weight.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.05)
+        assert reference.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.05)
+    q = critic(torch.randn(4, 5), torch.randn(4, 3))
+    assert not torch.equal(q[:, 0], q[:, 1])
+
+
+def test_ensemble_rejects_zero_critics() -> None:
+    with pytest.raises(ConfigError, match="num_critics must be at least 1, got 0"):
+        EnsembleCritic(OBS_SPACE, ACT_SPACE, num_critics=0)
+
+
+def test_networks_reject_image_spaces() -> None:
+    image = gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)
+    with pytest.raises(ConfigError, match="flat"):
+        SquashedGaussianActor(image, ACT_SPACE)
+
+
+def test_state_action_input_equals_critic_and_shares_parameters() -> None:
+    critic = EnsembleCritic(OBS_SPACE, ACT_SPACE, hidden_sizes=(16,))
+    packed_critic = StateActionInput(critic)
+    assert packed_critic.observation_size == 5
+    obs, act = torch.randn(9, 5), torch.randn(9, 3)
+    torch.testing.assert_close(packed_critic(torch.cat([obs, act], 1)), critic(obs, act))
+    wrapped = list(packed_critic.parameters())
+    own = list(critic.parameters())
+    assert len(wrapped) == len(own)
+    assert all(a is b for a, b in zip(wrapped, own, strict=True))
+    # A gradient step through the wrapper moves the critic itself.
+    packed_critic(torch.cat([obs, act], 1)).sum().backward()
+    assert all(p.grad is not None for p in own)
+
+
+def test_state_action_input_needs_an_observation_size() -> None:
+    with pytest.raises(ValueError, match="observation_size"):
+        StateActionInput(nn.Linear(8, 2))
+    assert StateActionInput(nn.Linear(8, 2), observation_size=5).observation_size == 5
+
+
+def test_deterministic_actor_shapes_and_range() -> None:
+    actor = DeterministicActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(32, 32))
+    # Large inputs drive tanh into saturation; the actions must still stay in [-1, 1].
+    observations = torch.randn(64, 5) * 100
+    actions = actor(observations)
+    assert actions.shape == (64, 3)
+    assert actions.abs().max() <= 1.0
+    assert actions.abs().max() > 0.99
+    assert isinstance(actor, DeterministicPolicy)
+    assert (actor.observation_size, actor.action_size) == (5, 3)
+
+
+def test_deterministic_actor_is_tanh_of_its_mlp_and_noise_free() -> None:
+    actor = DeterministicActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(16,))
+    assert [type(m) for m in actor.net] == [nn.Linear, nn.ReLU, nn.Linear]
+    observations = torch.randn(6, 5)
+    first, second = actor(observations), actor(observations)
+    torch.testing.assert_close(first, second, rtol=0, atol=0)
+    torch.testing.assert_close(first, torch.tanh(actor.net(observations)))
+    torch.testing.assert_close(actor.deterministic_action(observations), first)
+
+
+def test_deterministic_actor_gradient_flows_to_every_parameter() -> None:
+    actor = DeterministicActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(16, 16))
+    actor(torch.randn(8, 5)).sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in actor.parameters())
+
+
+def test_deterministic_action_follows_a_subclass_forward() -> None:
+    class Halved(DeterministicActor):
+        def forward(self, observations: torch.Tensor) -> torch.Tensor:
+            return 0.5 * super().forward(observations)
+
+    actor = Halved(OBS_SPACE, ACT_SPACE, hidden_sizes=(8,))
+    observations = torch.randn(3, 5)
+    torch.testing.assert_close(actor.deterministic_action(observations), actor(observations))
+
+
+def test_deterministic_actor_without_hidden_layers_and_rejects_image_spaces() -> None:
+    actor = DeterministicActor(OBS_SPACE, ACT_SPACE, hidden_sizes=())
+    assert actor(torch.randn(2, 5)).shape == (2, 3)
+    image = gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)
+    with pytest.raises(ConfigError, match="flat"):
+        DeterministicActor(image, ACT_SPACE)
