@@ -175,9 +175,10 @@ class ReplayBuffer:
         actions: ArrayLike,
         rewards: ArrayLike,
         next_observations: ArrayLike,
-        terminations: ArrayLike,
+        terminations: ArrayLike | None,
         *,
         keep: ArrayLike | None = None,
+        not_dones: ArrayLike | None = None,
     ) -> None:
         """Append n transitions (one per parallel env), overwriting the oldest when full.
 
@@ -190,6 +191,9 @@ class ReplayBuffer:
         With K seeds the arrays hold K x n rows, seed k's envs being rows k*n .. k*n+n-1, and
         `keep` (K x n booleans; all when None) says which rows are stored: each seed appends
         its own kept rows, in order, to its own ring (n at most, none at all is fine).
+
+        `not_dones` (n,) instead of terminations (None then) stores each row's not_done
+        column as given: n-step rows (see `nstep`), whose not_done is gamma^(k-1) or 0.
         """
         total, seeds = leading_size(observations), self.seeds
         if seeds == 1 and keep is not None:
@@ -203,7 +207,7 @@ class ReplayBuffer:
                 else as_columns("keep", keep, total, 1).reshape(seeds, -1).astype(bool))
         staging = self._writer.staging(total)
         self.layout.pack(staging.rows, observations, actions, rewards, next_observations,
-                         terminations)
+                         terminations, not_dones=not_dones)
         place(self._positions, self._sizes, self.capacity, kept, staging.slots,
               staging.counters)
         self._writer.write()

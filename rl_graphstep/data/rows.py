@@ -46,17 +46,23 @@ class RowLayout:
         self.next_observations = slice(critic_input_size + 2, self.row_size)
 
     def pack(self, rows: np.ndarray, observations: ArrayLike, actions: ArrayLike,
-             rewards: ArrayLike, next_observations: ArrayLike, terminations: ArrayLike) -> None:
+             rewards: ArrayLike, next_observations: ArrayLike, terminations: ArrayLike | None,
+             *, not_dones: ArrayLike | None = None) -> None:
         """Write n transitions into the host rows ``rows`` (n, row_size or more), one per row;
-        terminations are stored as not_done. A ValueError names an argument of the wrong shape.
+        terminations are stored as not_done, or ``not_dones`` as given (instead of
+        terminations: n-step rows, whose not_done is a discount). A ValueError names an
+        argument of the wrong shape.
         """
         n = rows.shape[0]
         rows[:, self.observations] = as_columns("observations", observations, n,
                                                 self.observation_size)
         rows[:, self.actions] = as_columns("actions", actions, n, self.action_size)
         rows[:, self.rewards] = as_columns("rewards", rewards, n, 1)
-        rows[:, self.not_dones] = 1.0 - as_columns("terminations", terminations, n,
-                                                   1).astype(rows.dtype)
+        if (terminations is None) == (not_dones is None):
+            raise ValueError("give terminations or not_dones, one of them")
+        rows[:, self.not_dones] = (
+            as_columns("not_dones", not_dones, n, 1) if terminations is None
+            else 1.0 - as_columns("terminations", terminations, n, 1).astype(rows.dtype))
         rows[:, self.next_observations] = as_columns("next_observations", next_observations,
                                                      n, self.observation_size)
 

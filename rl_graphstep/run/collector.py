@@ -12,10 +12,12 @@ import gymnasium as gym
 import numpy as np
 
 from rl_graphstep.data.buffer import ReplayBuffer
+from rl_graphstep.data.nstep import NStepRows
 from rl_graphstep.envs.vector import EnvStepper, scale_action, true_next_observations
 from rl_graphstep.run.acting import ActionPipe
 from rl_graphstep.run.nonfinite import (
     NonFiniteTally,
+    finite_transitions,
     policy_inputs,
     random_actions_for,
     store_seeds,
@@ -40,11 +42,15 @@ class Collector:
         tally: counts (and keeps out of the buffer) transitions with NaN or inf values.
         seed_tallies: with K seeds (a buffer of K rings, seed k's envs being rows k*n ..
             k*n+n-1), one tally per seed, which stores each seed's rows into its own ring.
+        nstep: with ``--n-step`` above 1, the windows that turn the transitions into n-step
+            rows (see `data.nstep`); the tallies then only count and warn, and the rows the
+            windows complete are stored.
     """
 
     def __init__(self, envs: gym.vector.VectorEnv, observations: np.ndarray,
                  buffer: ReplayBuffer, tally: NonFiniteTally, *,
-                 seed_tallies: Sequence[NonFiniteTally] = ()) -> None:
+                 seed_tallies: Sequence[NonFiniteTally] = (),
+                 nstep: NStepRows | None = None) -> None:
         self.envs = envs
         self.observations = observations
         self.buffer = buffer
@@ -56,6 +62,8 @@ class Collector:
         self._random_shape = (envs.num_envs, space.shape[0])
         self._stepper = EnvStepper(envs)
         self._pending: Transition | None = None
+        self._truncations: np.ndarray | None = None  # the pending transition's
+        self.nstep = nstep
         self.waited = 0.0  # seconds spent waiting for the policy's actions
         self.waits = 0
 
@@ -93,6 +101,7 @@ class Collector:
         next_observations, rewards, terminations, truncations, infos = self._stepper.finish()
         self._pending = (self.observations, actions, rewards,
                          true_next_observations(next_observations, infos), terminations)
+        self._truncations = truncations
         self.observations = next_observations
         return rewards, terminations, truncations
 
@@ -104,11 +113,28 @@ class Collector:
     def flush(self, global_step: int) -> None:
         """Store the last step's transition now (before a checkpoint, say)."""
         if self._pending is not None:
-            if self.seed_tallies:
+            if self.nstep is not None:
+                self._store_nstep(global_step)
+            elif self.seed_tallies:
                 store_seeds(self.seed_tallies, self.buffer, global_step, *self._pending)
             else:
                 self.tally.store(self.buffer, global_step, *self._pending)
             self._pending = None
+
+    def _store_nstep(self, global_step: int) -> None:
+        """Push the pending transition into the n-step windows; store one add of the rows
+        they have ready (non-finite transitions counted, and left out of every window)."""
+        assert self.nstep is not None and self._pending is not None
+        observations, actions, rewards, next_observations, terminations = self._pending
+        finite = finite_transitions(self.seed_tallies or [self.tally], global_step,
+                                    *self._pending[:4])
+        self.nstep.push(observations, actions, rewards, next_observations, terminations,
+                        self._truncations, finite)
+        rows = self.nstep.take()
+        if rows is not None:
+            self.buffer.add(rows.observations, rows.actions, rows.rewards,
+                            rows.next_observations, None, not_dones=rows.not_dones,
+                            keep=rows.keep)
 
     def unstored_nonfinite(self) -> int:
         """The non-finite rows of the transition not stored yet (see :meth:`step`)."""

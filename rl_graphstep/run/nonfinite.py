@@ -19,9 +19,18 @@ from rl_graphstep.data.buffer import ReplayBuffer
 from rl_graphstep.envs.vector import scale_action
 from rl_graphstep.run.cli import suggested_command
 
-__all__ = ["NonFiniteTally", "describe_updates", "mostly_skipped", "mostly_skipped_message",
-           "nonfinite_stop_message", "not_learned", "policy_inputs", "random_actions_for",
-           "store_seeds"]
+__all__ = [
+    "NonFiniteTally",
+    "describe_updates",
+    "finite_transitions",
+    "mostly_skipped",
+    "mostly_skipped_message",
+    "nonfinite_stop_message",
+    "not_learned",
+    "policy_inputs",
+    "random_actions_for",
+    "store_seeds",
+]
 
 # The parts of a transition, in the order the buffer takes them; terminations are booleans.
 _PARTS = ("observation", "action", "reward", "next observation")
@@ -153,17 +162,28 @@ def store_seeds(tallies: Sequence[NonFiniteTally], buffer: ReplayBuffer, step: i
     K x n rows, seed k's envs being rows k*n .. k*n+n-1. Each seed's tally counts and warns
     about its own rows only, and each seed stores its finite rows at once: the buffer of K
     seeds takes any count per seed in one write, so nothing is held back."""
+    finite = finite_transitions(tallies, step, observations, actions, rewards,
+                                next_observations)
+    buffer.add(observations, actions, rewards, next_observations, terminations,
+               keep=None if finite.all() else finite)
+
+
+def finite_transitions(tallies: Sequence[NonFiniteTally], step: int, observations: np.ndarray,
+                       actions: np.ndarray, rewards: np.ndarray,
+                       next_observations: np.ndarray) -> np.ndarray:
+    """Which of K x n transitions (seed k's envs being rows k*n .. k*n+n-1) are finite; each
+    seed's tally counts and warns about its others, which the caller leaves out. The warning
+    names the line two calls up (the collector's flush, which calls the caller)."""
     if (np.isfinite(rewards).all() and np.isfinite(next_observations).all()
             and np.isfinite(observations).all() and np.isfinite(actions).all()):
-        buffer.add(observations, actions, rewards, next_observations, terminations)
-        return
+        return np.ones(len(rewards), dtype=bool)
     n = len(rewards) // len(tallies)
     parts = _finite_rows(observations, actions, rewards, next_observations)
     finite = np.empty(len(rewards), dtype=bool)
     for seed, tally in enumerate(tallies):  # a loop, not a comprehension: no frame of its own
         rows = slice(seed * n, seed * n + n)
-        finite[rows] = tally._drop(step, [ok[rows] for ok in parts], stacklevel=3)
-    buffer.add(observations, actions, rewards, next_observations, terminations, keep=finite)
+        finite[rows] = tally._drop(step, [ok[rows] for ok in parts], stacklevel=4)
+    return finite
 
 
 def _finite_rows(*parts: np.ndarray) -> list[np.ndarray]:

@@ -16,6 +16,7 @@ from rl_graphstep.algorithms import algorithm_class, check_algorithm
 from rl_graphstep.core.compiling import updates_ahead
 from rl_graphstep.core.errors import ConfigError
 from rl_graphstep.data.buffer import ReplayBuffer
+from rl_graphstep.data.nstep import NStepRows
 from rl_graphstep.envs.vector import (
     check_trained_observations,
     first_reset,
@@ -158,8 +159,11 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
                      seeds=len(seeds))
     learner = OffPolicyLearner(algorithm, buffer, cfg, plan)
     progress = Progress.of(cfg.env_id, seeds, cfg.num_envs)
+    # n-step rows are built on the host as transitions arrive (see data.nstep).
+    nstep = (NStepRows(cfg.n_step, cfg.gamma, len(seeds), cfg.num_envs, observation_size,
+                       action_size) if cfg.n_step > 1 else None)
     if resumed is not None:
-        envs, observations = restore_run(resumed, learner, progress, envs)
+        envs, observations = restore_run(resumed, learner, progress, envs, nstep)
     else:
         # Seed k's env i gets seed_k + i: the seed a run of seed k alone gives it.
         observations = first_reset(envs, seeds[0] if len(seeds) == 1 else
@@ -168,7 +172,8 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     # once the checkpoint is restored, so a resume refused on the way leaves them be.
     set_aside = set_aside_later(run_dir, int(resumed["global_step"])) if resumed else None
     collector = Collector(envs, observations, buffer, progress.nonfinite,
-                          seed_tallies=progress.tallies if progress.grouped else ())
+                          seed_tallies=progress.tallies if progress.grouped else (),
+                          nstep=nstep)
     if resumed is not None and learner.updates > 0 and len(buffer) < cfg.batch_size:
         # A trained policy resumed without a batch in its buffer acts at once, eagerly,
         # until the buffer refills one and the learner is built; nothing is captured for it.

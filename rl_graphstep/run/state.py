@@ -18,6 +18,7 @@ import gymnasium as gym
 import numpy as np
 
 from rl_graphstep.core.errors import CheckpointError, ConfigError, display_path
+from rl_graphstep.data.nstep import NStepRows
 from rl_graphstep.envs.vector import EpisodeStatistics, rng_state, set_rng_state
 from rl_graphstep.learners import OffPolicyLearner
 from rl_graphstep.run.checkpoint import FORMAT, networks_mismatch, save_checkpoint
@@ -152,14 +153,19 @@ def save_run(cfg: Config, run_dir: Path, progress: Progress, learner: OffPolicyL
         "observations": collector.observations,
         "buffer": collector.buffer.state_dict() if cfg.save_buffer else None,
         "staged_actor": staged or None,
+        # The n-step windows under way and their rows not stored yet (--n-step above 1).
+        "nstep": collector.nstep.state_dict() if collector.nstep is not None else None,
     }
     return save_checkpoint(run_dir, progress.global_step, state, keep=cfg.keep_checkpoints)
 
 
 def restore_run(state: dict[str, Any], learner: OffPolicyLearner, progress: Progress,
-                envs: gym.vector.VectorEnv) -> tuple[gym.vector.VectorEnv, np.ndarray]:
-    """Put a checkpoint back: learner (before any capture), buffer, counters, RNG, envs;
-    returns the envs to continue with and their observations."""
+                envs: gym.vector.VectorEnv, nstep: NStepRows | None = None
+                ) -> tuple[gym.vector.VectorEnv, np.ndarray]:
+    """Put a checkpoint back: learner (before any capture), buffer, counters, RNG, envs, and
+    the n-step windows into ``nstep`` (this run's, with --n-step above 1; a run resumed with
+    --n-step 1 drops those it saved); returns the envs to continue with and their
+    observations."""
     try:
         learner.load_state_dict(state["agent"])
     except (RuntimeError, ValueError, KeyError, TypeError) as error:
@@ -174,7 +180,11 @@ def restore_run(state: dict[str, Any], learner: OffPolicyLearner, progress: Prog
     _load_progress_state(progress, state, learner.updates)
     set_rng_state(state["rng"])
     saved = _load_envs(state["envs"]) if state.get("envs") is not None else None
-    if saved is not None and _same_kind(saved, envs):
+    go_on = saved is not None and _same_kind(saved, envs)
+    if nstep is not None and state.get("nstep") is not None:
+        # Windows of episodes that restart end where the checkpoint was written.
+        nstep.load_state_dict(state["nstep"], episodes_go_on=go_on)
+    if go_on:
         if state.get("episode_stats") is not None:
             progress.episode_stats.load_state_dict(state["episode_stats"])
         envs.close()

@@ -97,6 +97,10 @@ class Config:
     buffer_size: int = option(1_000_000, "replay buffer capacity in transitions")
     batch_size: int = option(256, "rows per gradient update")
     gamma: float = option(0.99, "discount factor")
+    n_step: int = option(
+        1, "n-step returns: each stored transition sums up to N discounted rewards (fewer "
+        "where the episode ends) and bootstraps N steps later; 1: one-step targets"
+    )
     tau: float = option(0.005, "target network Polyak averaging rate")
     learning_starts: int = option(5000, "environment steps of random actions before learning")
     policy_lr: float = option(3e-4, "actor (and SAC temperature) learning rate")
@@ -251,6 +255,7 @@ _POSITIVE_INTS = (
     "keep_checkpoints",
     "nonfinite_limit",
     "num_seeds",
+    "n_step",
 )
 CHOICES: dict[str, tuple[str, ...]] = {
     "device": DEVICES, "vec_env": VEC_ENVS, "graph": SWITCH_MODES,
@@ -302,6 +307,8 @@ MAX_NUM_ENVS = 4096
 # More updates per env iteration than this is a typo (high update-to-data methods such as
 # REDQ use 20): an iteration is where a stop signal is heard, and 10**9 updates never end one.
 MAX_UPDATES_PER_STEP = 1000
+# Longer returns than this is a typo (FastTD3 uses 3 to 8); each env keeps its last N steps.
+MAX_N_STEP = 64
 _STRINGS = ("env_id", "log_dir", "run_name", "resume", "actor", "critic")
 
 
@@ -316,6 +323,8 @@ def _limit_problem(name: str, value: Any) -> str | None:
         return f"must be at most {MAX_NUM_ENVS}, got {value}"
     if name == "updates_per_step" and value > MAX_UPDATES_PER_STEP:
         return f"must be at most {MAX_UPDATES_PER_STEP}, got {value}"
+    if name == "n_step" and value > MAX_N_STEP:
+        return f"must be at most {MAX_N_STEP}, got {value}"
     if name == "num_seeds":
         return num_seeds_problem(value)
     if name in ("policy_lr", "q_lr") and not math.isfinite(value):
