@@ -194,7 +194,8 @@ def _start_learning(run: Run) -> None:
     space = run.collector.envs.single_action_space
     run.collector.act_with(policy_pipe(algorithm, run.plan, run.collector.envs.num_envs,
                                        learner.buffer.observation_size, space,
-                                       staged=run.staged_actor))
+                                       staged=run.staged_actor,
+                                       normalizer=learner.buffer.normalizer))
     if run.plan.device.type == "cuda":
         torch.cuda.synchronize(run.plan.device)
     # Compiling leaves hundreds of thousands of long-lived Python objects (600,000 after

@@ -18,6 +18,7 @@ from rl_graphstep.core.errors import ConfigError
 from rl_graphstep.data.memory import available_memory as _available_memory
 from rl_graphstep.data.memory import format_bytes as _format_bytes
 from rl_graphstep.data.memory import is_out_of_memory as _is_out_of_memory
+from rl_graphstep.data.normalizer import ObservationNormalizer
 from rl_graphstep.data.ringwrite import RingWriter, place
 from rl_graphstep.data.rows import ArrayLike, RowLayout, as_columns, leading_size
 
@@ -42,6 +43,10 @@ class ReplayBuffer:
             positions are per seed ((K,) device tensors), an add takes K x n rows and a sample
             is (K, batch_size, row_size). With 1 (the default) the buffer is the single-seed
             one: a (capacity, row_size) storage and 0-dim counters.
+        normalizer: with ``--obs-norm``, the observation statistics: every add counts the
+            observations of the rows it stores (never a dropped non-finite one), and the
+            samples of a ``BatchSampler`` come out normalised by it. The ring itself keeps
+            the raw observations.
 
     Raises `ConfigError` when the capacity is below 1 or the storage would not fit in the
     device's free memory (the machine's physical memory for the CPU).
@@ -56,6 +61,7 @@ class ReplayBuffer:
         dtype: torch.dtype = torch.float32,
         *,
         seeds: int = 1,
+        normalizer: ObservationNormalizer | None = None,
     ) -> None:
         if capacity < 1:
             raise ConfigError(f"replay buffer size must be at least 1, got {capacity}")
@@ -96,6 +102,7 @@ class ReplayBuffer:
                              if self.seeds > 1 else None)
         # Stages each add's rows on the host and writes them in (on CUDA, a captured write).
         self._writer = RingWriter(self._flat, self._counters)
+        self.normalizer = normalizer
 
     def _check_fits(self, device: torch.device) -> None:
         needed = (self.seeds * self.capacity + 1) * self.row_size * self.dtype.itemsize
@@ -212,6 +219,8 @@ class ReplayBuffer:
               staging.counters)
         self._writer.write()
         self._positions[:], self._sizes[:] = staging.counters
+        if self.normalizer is not None:  # on the write's stream, right after it
+            self.normalizer.update(observations, kept)
 
     def sample(self, batch_size: int, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """Exactly `batch_size` packed rows drawn uniformly, with replacement, from the filled part.

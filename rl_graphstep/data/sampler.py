@@ -47,6 +47,11 @@ class BatchSampler:
                     f"sample output of shape {tuple(tensor.shape)} on {tensor.device} does not "
                     f"match its columns, {tuple(column.shape)} on {self.rows.device}"
                 )
+        # With --obs-norm the sample's observations and next observations, normalised in
+        # place before they are copied out (raw in the ring; part of any captured draw).
+        self._normalizer, layout = buffer.normalizer, buffer.layout
+        self._normalized = [self.rows[..., layout.observations],
+                            self.rows[..., layout.next_observations]]
         self.graph = (capture_graph(self.draw, self.rows.device, what="the replay sampling")[0]
                       if use_graph else None)
 
@@ -54,6 +59,9 @@ class BatchSampler:
         """Draw a new sample into the outputs as ordinary launches, not as the graph (inside
         another capture, this records the sampling into that graph)."""
         self.buffer.sample(self.batch_size, out=self.rows)
+        if self._normalizer is not None:
+            for columns in self._normalized:
+                self._normalizer.normalize_(columns)
         torch._foreach_copy_(self._outputs, self._columns)
 
     def __call__(self) -> None:

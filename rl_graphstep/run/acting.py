@@ -24,6 +24,7 @@ from rl_graphstep.core.errors import CaptureError
 
 if TYPE_CHECKING:
     from rl_graphstep.algorithms.base import OffPolicyAlgorithm
+    from rl_graphstep.data.normalizer import ObservationNormalizer
     from rl_graphstep.settings.plan import RunPlan
 
 Policy = Callable[..., Tensor]
@@ -268,27 +269,54 @@ class PerSeedPolicy:
 
 def policy_pipe(algorithm: OffPolicyAlgorithm, plan: RunPlan, num_envs: int,
                 observation_size: int, action_space: gym.spaces.Box, *,
-                staged: list[Tensor] | None = None) -> ActionPipe:
+                staged: list[Tensor] | None = None,
+                normalizer: ObservationNormalizer | None = None) -> ActionPipe:
     """The pipe the learned policy acts through, as ``plan`` says. With the action stream,
     the action runs beside the updates, so it draws nothing on the device (two streams would
     share the generator's offset): its noise comes from the host, and it reads a copy of the
     actor one round of updates behind, so it waits for no update. ``staged``: a resumed run's
     staged actor (see :meth:`ActionPipe.staged_actor`). ``num_envs``: all the envs, K x n
-    with K seeds."""
+    with K seeds. ``normalizer``: with ``--obs-norm``, the observation statistics the policy
+    acts through; beside the updates, a copy of them staged with the actor's tensors (the
+    last of the staged list), so the action reads statistics and actor of one round."""
     if not plan.action_stream:
-        return ActionPipe(acting_policy(algorithm, algorithm.actor), num_envs,
+        normalize = None if normalizer is None else normalizer.normalize
+        return ActionPipe(acting_policy(algorithm, algorithm.actor, normalize), num_envs,
                           observation_size, action_space, plan.device, use_graph=plan.graphs,
                           graph_fallback=plan.graph_fallback)
     actor, refresh = behaviour_copy(algorithm.actor)
-    return ActionPipe(acting_policy(algorithm, actor), num_envs, observation_size,
+    normalize = None
+    if normalizer is not None:
+        stats = normalizer.stats.clone()
+        refresh[0].append(stats)
+        refresh[1].append(normalizer.stats)
+        normalize = functools.partial(normalizer.normalize, stats=stats)
+    return ActionPipe(acting_policy(algorithm, actor, normalize), num_envs, observation_size,
                       action_space, plan.device, use_graph=True,
                       graph_fallback=plan.graph_fallback,
                       noise_size=algorithm.exploration_noise_size(), refresh=refresh,
                       staged=staged)
 
 
-def acting_policy(algorithm: OffPolicyAlgorithm, actor: nn.Module) -> Policy:
-    """``algorithm.explore`` with ``actor``, on the pipe's flat rows of every seed's envs."""
-    policy = functools.partial(algorithm.explore, actor)
+class NormalizedPolicy:
+    """A policy acting on normalised observations (``--obs-norm``): ``normalize`` maps the
+    (n, O) observations of one seed, or (K, n, O) of K, to what the actor learned on."""
+
+    def __init__(self, policy: Policy, normalize: Callable[[Tensor], Tensor]) -> None:
+        self.policy = policy
+        self.normalize = normalize
+
+    def __call__(self, observations: Tensor, noise: Tensor | None = None) -> Tensor:
+        observations = self.normalize(observations)
+        return self.policy(observations) if noise is None else self.policy(observations, noise)
+
+
+def acting_policy(algorithm: OffPolicyAlgorithm, actor: nn.Module,
+                  normalize: Callable[[Tensor], Tensor] | None = None) -> Policy:
+    """``algorithm.explore`` with ``actor``, on the pipe's flat rows of every seed's envs;
+    on observations through ``normalize`` first where given (see NormalizedPolicy)."""
+    policy: Policy = functools.partial(algorithm.explore, actor)
+    if normalize is not None:
+        policy = NormalizedPolicy(policy, normalize)
     seeds = algorithm.seed_shape[0] if algorithm.seed_shape else 1
     return policy if seeds == 1 else PerSeedPolicy(policy, seeds)

@@ -5,6 +5,7 @@ video (the machinery of ``python -m rl_graphstep.evaluate``)."""
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -17,6 +18,7 @@ from torch import nn
 from rl_graphstep.algorithms import OffPolicyAlgorithm, algorithm_class
 from rl_graphstep.core.errors import CheckpointError, ConfigError, EnvError, display_path
 from rl_graphstep.core.netcheck import evaluation_action
+from rl_graphstep.data.normalizer import ObservationNormalizer
 from rl_graphstep.envs.make import declared_render_modes, make_env
 from rl_graphstep.envs.vector import (
     check_continuous_spaces,
@@ -78,10 +80,11 @@ class RunPolicies:
                                        "evaluate")
             policy = _load_actor(algorithm, cfg, self.state, env, self.device, self.checkpoint,
                                  self.actor, self.critic, member=k)
+            normalize = _saved_normalization(self.state, env, self.device, member=k)
             if video:
                 env = _record_video(env, cfg, self.folder, int(self.state["global_step"]),
                                     None if cfg.num_seeds == 1 else cfg.seed_list[k])
-            returns = [_run_episode(env, policy, algorithm, self.device, seed + i)
+            returns = [_run_episode(env, policy, algorithm, self.device, seed + i, normalize)
                        for i in range(episodes)]
         except gym_error.DependencyNotInstalled as error:
             if not video:
@@ -161,6 +164,19 @@ def _load_actor(algorithm: type[OffPolicyAlgorithm], cfg: Config, state: dict, e
     return actor.eval()
 
 
+def _saved_normalization(state: dict, env: gym.Env, device: torch.device, *, member: int
+                         ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The ``--obs-norm`` statistics a run's ``member``-th seed acted through, frozen as they
+    were saved (evaluating counts nothing); None for a run without them."""
+    saved = state.get("obs_normalizer")
+    if saved is None:
+        return None
+    seeds = int(np.asarray(saved["count"]).shape[0])
+    normalizer = ObservationNormalizer(seeds, int(np.prod(env.observation_space.shape)), device)
+    normalizer.load_state_dict(saved)
+    return normalizer.member(member).normalize
+
+
 def _member_weights(actor: nn.Module, weights: dict, num_seeds: int, member: int) -> dict:
     """Seed ``member``'s weights out of a group's stacked actor ``weights`` (keys
     ``stacked.<name>``, tensors (K, ...)): loaded into a stack of ``actor``'s layout, the
@@ -197,13 +213,17 @@ def _act(actor: nn.Module, algorithm: type[OffPolicyAlgorithm], observations: to
 
 @torch.no_grad()
 def _run_episode(env: gym.Env, actor: nn.Module, algorithm: type[OffPolicyAlgorithm],
-                 device: torch.device, seed: int) -> float:
-    """The undiscounted return of one episode from ``env.reset(seed=seed)``."""
+                 device: torch.device, seed: int,
+                 normalize: Callable[[torch.Tensor], torch.Tensor] | None = None) -> float:
+    """The undiscounted return of one episode from ``env.reset(seed=seed)``; the actor sees
+    the observations through ``normalize`` where given (a run trained with --obs-norm)."""
     space = env.action_space
     observation, _ = env.reset(seed=seed)
     total, done = 0.0, False
     while not done:
         obs = torch.as_tensor(observation, dtype=torch.float32, device=device).unsqueeze(0)
+        if normalize is not None:
+            obs = normalize(obs)
         action = _act(actor, algorithm, obs)[0].cpu().numpy()
         observation, reward, terminated, truncated, _ = env.step(
             scale_action(action, space.low, space.high).astype(space.dtype, copy=False))

@@ -16,6 +16,7 @@ from rl_graphstep.algorithms import algorithm_class, check_algorithm
 from rl_graphstep.core.compiling import updates_ahead
 from rl_graphstep.core.errors import ConfigError
 from rl_graphstep.data.buffer import ReplayBuffer
+from rl_graphstep.data.normalizer import ObservationNormalizer
 from rl_graphstep.data.nstep import NStepRows
 from rl_graphstep.envs.vector import (
     check_trained_observations,
@@ -153,8 +154,10 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
         actor, critic = networks_of_run(cfg, resumed["config"], run_dir, actor, critic)
     actor_net, critic_net = make_seed_networks(kind, cfg, seeds, observation_space,
                                                action_space, device, actor, critic)
+    normalizer = (ObservationNormalizer(len(seeds), observation_size, device)
+                  if cfg.obs_norm else None)
     buffer = ReplayBuffer(cfg.buffer_size, observation_size, action_size, device,
-                          seeds=len(seeds))
+                          seeds=len(seeds), normalizer=normalizer)
     algorithm = kind(actor_net, critic_net, cfg, action_size=action_size, device=device,
                      seeds=len(seeds))
     learner = OffPolicyLearner(algorithm, buffer, cfg, plan)
@@ -177,7 +180,8 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     if resumed is not None and learner.updates > 0 and len(buffer) < cfg.batch_size:
         # A trained policy resumed without a batch in its buffer acts at once, eagerly,
         # until the buffer refills one and the learner is built; nothing is captured for it.
-        collector.act_with(ActionPipe(acting_policy(algorithm, algorithm.actor),
+        normalize = None if normalizer is None else normalizer.normalize
+        collector.act_with(ActionPipe(acting_policy(algorithm, algorithm.actor, normalize),
                                       envs.num_envs, observation_size, action_space, device))
     if by_clock:
         # Made here, not earlier, so that bad input leaves no empty folder behind; a run

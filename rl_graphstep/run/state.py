@@ -18,6 +18,7 @@ import gymnasium as gym
 import numpy as np
 
 from rl_graphstep.core.errors import CheckpointError, ConfigError, display_path
+from rl_graphstep.data.normalizer import ObservationNormalizer
 from rl_graphstep.data.nstep import NStepRows
 from rl_graphstep.envs.vector import EpisodeStatistics, rng_state, set_rng_state
 from rl_graphstep.learners import OffPolicyLearner
@@ -89,7 +90,7 @@ def resumed_config(cfg: Config, saved: dict[str, Any], run_dir: Path) -> tuple[C
             f"resumed run {display_path(str(run_dir))} ({' '.join(map(str, run.seed_list))}): a "
             "run resumes with its own seeds; build the config with load_config(['--resume', "
             "RUN, ...]), which starts from the run's own")
-    problem = _temperature_problem(cfg, run)
+    problem = _temperature_problem(cfg, run) or _obs_norm_problem(cfg, run)
     if problem:
         raise ConfigError(problem)
     cfg = dataclasses.replace(cfg, log_dir=str(run_dir.parent), run_name=run_dir.name)
@@ -114,6 +115,16 @@ def _temperature_problem(cfg: Config, run: Config) -> str | None:
         return (f"--alpha {cfg.alpha} does not apply on resume: the run learns its temperature "
                 f"(--autotune), and --alpha only started it (at {run.alpha}); drop --alpha")
     return None
+
+
+def _obs_norm_problem(cfg: Config, run: Config) -> str | None:
+    """Why a resumed run cannot take ``cfg``'s ``--obs-norm``, or None: its networks learned
+    on observations as they were (raw, or normalised by statistics it goes on counting)."""
+    if cfg.obs_norm == run.obs_norm:
+        return None
+    given, own = (("--obs-norm", "trained on raw observations") if cfg.obs_norm
+                  else ("--no-obs-norm", "trained on normalised observations (--obs-norm)"))
+    return f"{given} does not match: the resumed run {own}; drop {given}"
 
 
 def _shown(value: Any) -> str:
@@ -155,6 +166,9 @@ def save_run(cfg: Config, run_dir: Path, progress: Progress, learner: OffPolicyL
         "staged_actor": staged or None,
         # The n-step windows under way and their rows not stored yet (--n-step above 1).
         "nstep": collector.nstep.state_dict() if collector.nstep is not None else None,
+        # Saved whether or not the buffer is: an obs-norm policy acts through them.
+        "obs_normalizer": (None if collector.buffer.normalizer is None
+                           else collector.buffer.normalizer.state_dict()),
     }
     return save_checkpoint(run_dir, progress.global_step, state, keep=cfg.keep_checkpoints)
 
@@ -175,6 +189,7 @@ def restore_run(state: dict[str, Any], learner: OffPolicyLearner, progress: Prog
         raise CheckpointError(networks_mismatch(state, learner.cfg, error, built)) from None
     if state.get("buffer") is not None:
         learner.buffer.load_state_dict(state["buffer"])
+    _load_normalizer(learner.buffer.normalizer, state.get("obs_normalizer"))
     progress.global_step = int(state["global_step"])
     progress.episodes = int(state["episodes"])
     _load_progress_state(progress, state, learner.updates)
@@ -199,6 +214,19 @@ def restore_run(state: dict[str, Any], learner: OffPolicyLearner, progress: Prog
     warnings.warn(f"{why}; their episodes restart on resume", stacklevel=3)
     observations, _ = envs.reset()
     return envs, observations
+
+
+def _load_normalizer(normalizer: ObservationNormalizer | None,
+                     saved: dict[str, Any] | None) -> None:
+    """The observation statistics back; a run with and a checkpoint without them (or the
+    other way round) cannot meet: ``resumed_config`` refuses another ``--obs-norm``."""
+    if normalizer is None or saved is None:
+        return
+    try:
+        normalizer.load_state_dict(saved)
+    except ValueError as error:
+        raise CheckpointError(f"the checkpoint's observation statistics do not fit this run: "
+                              f"{error}") from None
 
 
 def _same_kind(saved: gym.vector.VectorEnv, envs: gym.vector.VectorEnv) -> bool:

@@ -96,6 +96,12 @@ class Config:
     )
     buffer_size: int = option(1_000_000, "replay buffer capacity in transitions")
     batch_size: int = option(256, "rows per gradient update")
+    obs_norm: bool = option(
+        False, "normalise observations by each seed's running mean and std, (x - mean) / "
+        "(std + 0.01), updated from the observations of every stored transition: the replay "
+        "buffer keeps raw ones, the updates and the policy see normalised ones; for badly "
+        "scaled observations (Humanoid, Ant) and many envs, as FastTD3 and FastSAC do"
+    )
     gamma: float = option(0.99, "discount factor")
     n_step: int = option(
         1, "n-step returns: each stored transition sums up to N discounted rewards (fewer "
