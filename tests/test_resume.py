@@ -457,3 +457,36 @@ def test_a_resume_without_the_buffer_says_its_updates_wait_for_a_batch(
     capsys.readouterr()
     assert main(["--resume", str(tmp_path / "saved"), "--total-timesteps", "400"]) == 0
     assert capsys.readouterr().out.splitlines()[0].endswith("; resumed at step 300")
+
+
+def test_obs_norm_resumes_bit_for_bit(tmp_path: Path) -> None:
+    """A --obs-norm group stopped at 400 and resumed to 800 ends with the statistics, and the
+    networks learned through them, of the group run straight to 800."""
+    args = [*SMALL, "--num-seeds", "2", "--hidden-sizes", "16", "16", "--obs-norm",
+            "--log-dir", str(tmp_path)]
+    train(load_config([*args, "--total-timesteps", "800", "--run-name", "straight"]))
+    train(load_config([*args, "--total-timesteps", "400", "--run-name", "halves"]))
+    assert load_checkpoint(tmp_path / "halves")["obs_normalizer"]["count"].tolist() == [400,
+                                                                                        400]
+    assert main(["--resume", str(tmp_path / "halves"), "--total-timesteps", "800"]) == 0
+    straight = load_checkpoint(tmp_path / "straight")
+    halves = load_checkpoint(tmp_path / "halves")
+    assert straight["obs_normalizer"]["count"].tolist() == [800, 800]
+    assert_same_state(straight["obs_normalizer"], halves["obs_normalizer"])
+    assert_same_state(straight["agent"], halves["agent"])
+
+
+@pytest.mark.parametrize(("given", "line"), [
+    ("--obs-norm", "--obs-norm does not match: the resumed run trained on raw observations; "
+                   "drop --obs-norm"),
+    ("--no-obs-norm", "--no-obs-norm does not match: the resumed run trained on normalised "
+                      "observations (--obs-norm); drop --no-obs-norm"),
+])
+def test_obs_norm_cannot_change_on_resume(given: str, line: str, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    own = "--no-obs-norm" if given == "--obs-norm" else "--obs-norm"
+    assert main([*SMALL, own, "--log-dir", str(tmp_path), "--run-name", "run",
+                 "--total-timesteps", "250"]) == 0
+    capsys.readouterr()
+    assert main(["--resume", str(tmp_path / "run"), given, "--total-timesteps", "300"]) == 2
+    assert line in capsys.readouterr().err

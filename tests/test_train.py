@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from processtools import run_python
@@ -481,3 +482,57 @@ def test_a_reporter_hears_every_log_interval_with_each_seeds_returns(tmp_path: P
     assert all(len(recent) == 2 for _, recent in heard)  # one list per seed
     assert heard[-1][1] == summary["recent_returns"]  # Pendulum's episodes: 200 steps each
     assert [len(returns) for returns in heard[-1][1]] == [3, 3]
+
+
+@pytest.mark.parametrize("seeds", [1, 2])
+def test_obs_norm_statistics_are_those_of_the_stored_observations(seeds: int,
+                                                                  tmp_path: Path) -> None:
+    """--obs-norm: each seed's statistics count every observation its ring stored (2 envs x
+    200 steps = 400 per seed, the ring not yet wrapped), and equal np.mean / np.var of them."""
+    assert main(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), "--run-name", "norm",
+                 *SHORT, "--num-envs", "2", "--num-seeds", str(seeds), "--obs-norm",
+                 "--save-buffer"]) == 0
+    state = load_checkpoint(tmp_path / "norm")
+    saved, storage = state["obs_normalizer"], state["buffer"]["storage"]
+    stored = (storage if seeds > 1 else storage[None])[..., :3].double().numpy()
+    assert stored.shape == (seeds, 400, 3)
+    assert saved["count"].tolist() == [400] * seeds
+    np.testing.assert_allclose(saved["mean"].numpy(), stored.mean(axis=1), rtol=1e-10)
+    np.testing.assert_allclose(saved["var"].numpy(), stored.var(axis=1), rtol=1e-10)
+    # Pendulum's observation is cos, sin and an angular velocity in [-8, 8].
+    assert (np.abs(saved["mean"].numpy()[:, :2]) < 1).all()
+    assert (saved["var"].numpy()[:, 2] > 0.1).all()
+
+
+def test_without_obs_norm_a_checkpoint_has_no_statistics(tmp_path: Path) -> None:
+    assert main(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), "--run-name", "raw",
+                 *SHORT]) == 0
+    assert load_checkpoint(tmp_path / "raw")["obs_normalizer"] is None
+
+
+def test_obs_norm_updates_and_acts_on_normalised_observations(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The policy acts on the raw observations through the run's statistics (the updates'
+    batches: tests/learners/test_offpolicy.py)."""
+    from rl_graphstep.algorithms.sac import SAC
+    from rl_graphstep.data.normalizer import ObservationNormalizer
+
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+    normalize = ObservationNormalizer.normalize
+
+    def spy(self: ObservationNormalizer, observations: torch.Tensor,
+            stats: torch.Tensor | None = None) -> torch.Tensor:
+        out = normalize(self, observations, stats)
+        seen.append((observations.clone(), out.clone()))
+        return out
+
+    monkeypatch.setattr(ObservationNormalizer, "normalize", spy)
+    acted: list[torch.Tensor] = []
+    explore = SAC.explore
+    monkeypatch.setattr(SAC, "explore", lambda self, actor, obs, noise=None: (
+        acted.append(obs.clone()), explore(self, actor, obs, noise))[1])
+    assert main(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), "--run-name", "n",
+                 *SHORT, "--obs-norm"]) == 0
+    assert len(acted) == 400 - 150 and len(seen) == len(acted)
+    for (raw, out), observed in zip(seen, acted, strict=True):
+        assert torch.equal(out, observed) and not torch.equal(raw, observed)

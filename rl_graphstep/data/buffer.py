@@ -43,10 +43,9 @@ class ReplayBuffer:
             positions are per seed ((K,) device tensors), an add takes K x n rows and a sample
             is (K, batch_size, row_size). With 1 (the default) the buffer is the single-seed
             one: a (capacity, row_size) storage and 0-dim counters.
-        normalizer: with ``--obs-norm``, the observation statistics: every add counts the
-            observations of the rows it stores (never a dropped non-finite one), and the
-            samples of a ``BatchSampler`` come out normalised by it. The ring itself keeps
-            the raw observations.
+        normalizer: with ``--obs-norm``, the observation statistics that the samples of a
+            ``BatchSampler`` come out normalised by (the collector counts the observations).
+            The ring itself keeps the raw observations.
 
     Raises `ConfigError` when the capacity is below 1 or the storage would not fit in the
     device's free memory (the machine's physical memory for the CPU).
@@ -219,8 +218,6 @@ class ReplayBuffer:
               staging.counters)
         self._writer.write()
         self._positions[:], self._sizes[:] = staging.counters
-        if self.normalizer is not None:  # on the write's stream, right after it
-            self.normalizer.update(observations, kept)
 
     def sample(self, batch_size: int, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """Exactly `batch_size` packed rows drawn uniformly, with replacement, from the filled part.

@@ -1,6 +1,6 @@
 """Observation normalisation (``--obs-norm``): each seed's running mean and variance of the
-observations its replay ring has taken in, kept on the host in float64, and the one fixed
-device tensor that the captured update and the acting policy read them from.
+observations it has collected, kept on the host in float64, and the one fixed device tensor
+that the captured update and the acting policy read them from.
 
 The ring keeps raw observations; a sampled batch's observations and next observations, and
 the observations the policy acts on, are normalised as ``(x - mean) / (std + 0.01)``: the
@@ -55,12 +55,12 @@ class ObservationNormalizer:
     divisor 1).
 
     Stream order (CUDA): :meth:`update` copies the new statistics to ``stats`` from pinned
-    memory without blocking, on the current stream: the stream the ring write of the same add
-    uses, at the same point. An update queued after the add (on that stream) reads statistics
-    that count every row the add stored, so every row a sample can draw has been counted; one
-    queued before reads the previous ones. An action on a stream of its own reads a copy of
-    ``stats`` staged on the updates' stream with the actor (see ``run.acting``), one round
-    behind, as it reads the actor.
+    memory without blocking, on the current stream (the loop's: the one the ring writes and
+    the updates use). What is queued after it on that stream reads the new values, what was
+    queued before the old ones; nothing else writes ``stats``. An action on a stream of its
+    own reads a copy of ``stats`` staged on the updates' stream with the actor (see
+    ``run.acting``), one round behind, as it reads the actor. When the loop updates it: see
+    ``run.collector``.
     """
 
     def __init__(self, seeds: int, observation_size: int, device: torch.device | str) -> None:
@@ -81,7 +81,7 @@ class ObservationNormalizer:
     def update(self, observations: ArrayLike, keep: ArrayLike | None = None) -> None:
         """Count the rows of ``observations`` (K x n, O; seed k's rows k*n .. k*n+n-1) whose
         ``keep`` is true (all when None) and upload the new statistics. The caller keeps
-        non-finite rows out (the replay buffer passes the rows it stores)."""
+        non-finite rows out (the collector keeps those the replay buffer will not store)."""
         total = observations.shape[0]
         rows = as_columns("observations", observations, total, self.observation_size)
         by_seed = rows.astype(np.float64).reshape(self.seeds, -1, self.observation_size)

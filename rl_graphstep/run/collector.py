@@ -17,6 +17,7 @@ from rl_graphstep.envs.vector import EnvStepper, scale_action, true_next_observa
 from rl_graphstep.run.acting import ActionPipe
 from rl_graphstep.run.nonfinite import (
     NonFiniteTally,
+    finite_mask,
     finite_transitions,
     policy_inputs,
     random_actions_for,
@@ -102,8 +103,27 @@ class Collector:
         self._pending = (self.observations, actions, rewards,
                          true_next_observations(next_observations, infos), terminations)
         self._truncations = truncations
+        if self.buffer.normalizer is not None:
+            self._count_observations(*self._pending[:4])
         self.observations = next_observations
         return rewards, terminations, truncations
+
+    def _count_observations(self, observations: np.ndarray, actions: np.ndarray,
+                            rewards: np.ndarray, next_observations: np.ndarray) -> None:
+        """--obs-norm: count the observations of this step's transitions (those the tally
+        will store: a non-finite one never counts) into the statistics, and upload them.
+
+        Here, as the transition is made, not where it is stored: a checkpoint stores the last
+        transition early (:meth:`flush`), and statistics that changed with it would give a
+        resumed run's next action other inputs than the uninterrupted run's. On CUDA the
+        upload is queued on the updates' stream (the ring write's), after this step's update
+        and before the next step's action and update: the next update reads statistics that
+        count every row its sample can draw, and an action in line reads them too; an action
+        on its own stream reads them one round later, staged with the actor."""
+        finite = finite_mask(observations, actions, rewards, next_observations)
+        normalizer = self.buffer.normalizer
+        assert normalizer is not None
+        normalizer.update(observations, finite)
 
     @property
     def in_env_step(self) -> bool:

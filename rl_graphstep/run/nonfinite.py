@@ -22,6 +22,7 @@ from rl_graphstep.run.cli import suggested_command
 __all__ = [
     "NonFiniteTally",
     "describe_updates",
+    "finite_mask",
     "finite_transitions",
     "mostly_skipped",
     "mostly_skipped_message",
@@ -184,6 +185,16 @@ def finite_transitions(tallies: Sequence[NonFiniteTally], step: int, observation
         rows = slice(seed * n, seed * n + n)
         finite[rows] = tally._drop(step, [ok[rows] for ok in parts], stacklevel=4)
     return finite
+
+
+def finite_mask(observations: np.ndarray, actions: np.ndarray, rewards: np.ndarray,
+                next_observations: np.ndarray) -> np.ndarray | None:
+    """Which rows of a step's transitions are finite in every part, the rows the tally
+    stores; None when all are (the fast path)."""
+    if (np.isfinite(rewards).all() and np.isfinite(next_observations).all()
+            and np.isfinite(observations).all() and np.isfinite(actions).all()):
+        return None
+    return np.logical_and.reduce(_finite_rows(observations, actions, rewards, next_observations))
 
 
 def _finite_rows(*parts: np.ndarray) -> list[np.ndarray]:

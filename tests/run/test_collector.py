@@ -163,3 +163,43 @@ def test_a_non_finite_observation_gets_a_random_action_in_place_of_the_policy_s(
     np.testing.assert_allclose(handed[0], [scale_action(random, LOW, HIGH)[0], [1.0]],
                                rtol=1e-6)
     envs.close()
+
+
+@pytest.mark.parametrize("seeds", [1, 2])
+def test_obs_norm_counts_each_steps_finite_observations(seeds: int) -> None:
+    """--obs-norm: the collector counts the observations of every step's transitions into
+    each seed's statistics as it makes them, leaving out those the tally drops (an env's
+    observation is inf every 7th of its steps here), and the ring keeps them raw."""
+    import math
+
+    from fakes import register_poisoned
+
+    from rl_graphstep.data.normalizer import ObservationNormalizer
+
+    env_id = register_poisoned(f"ObsNormInf{seeds}", "observation", math.inf, every=7)
+    envs = make_vec_env(env_id, num_envs=2 * seeds, seed=3, kind="sync")
+    normalizer = ObservationNormalizer(seeds, 3, "cpu")
+    buffer = ReplayBuffer(100, 3, 1, "cpu", seeds=seeds, normalizer=normalizer)
+    tallies = [NonFiniteTally(env_id, seed=s) for s in range(seeds)]
+    collector = Collector(envs, first_reset(envs, 3), buffer, tallies[0],
+                          seed_tallies=tallies if seeds > 1 else ())
+    counted: list[list[np.ndarray]] = [[] for _ in range(seeds)]
+    try:
+        with pytest.warns(UserWarning, match="non-finite (next )?observation"):
+            for step in range(30):
+                collector.step(step, explore=False, update=None)
+                observations, _, _, next_observations, _ = collector._pending
+                finite = np.isfinite(observations).all(1) & np.isfinite(next_observations).all(1)
+                for k in range(seeds):
+                    rows = slice(2 * k, 2 * k + 2)
+                    counted[k].append(observations[rows][finite[rows]])
+            collector.flush(30)
+    finally:
+        envs.close()
+    expected = [np.concatenate(rows).astype(np.float64) for rows in counted]
+    assert normalizer.count.tolist() == [len(rows) for rows in expected]
+    assert all(len(rows) < 60 for rows in expected)  # some were dropped
+    np.testing.assert_allclose(normalizer.mean, [rows.mean(0) for rows in expected], rtol=1e-12)
+    np.testing.assert_allclose(normalizer.var, [rows.var(0) for rows in expected], rtol=1e-12)
+    ring = buffer.storage if seeds > 1 else buffer.storage[None]
+    assert np.abs(ring[:, :8, 2].numpy()).max() > 1.5  # raw angular velocities in the ring

@@ -1,0 +1,149 @@
+"""The observation normaliser: Chan's rule against hand values, per-seed statistics, the
+device tensor every normalisation reads, its checkpoint state, and the sampler that normalises
+with it (the collector counts: tests/run/test_collector.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from rl_graphstep.data.buffer import ReplayBuffer
+from rl_graphstep.data.normalizer import STD_EPS, ObservationNormalizer, chan_update
+from rl_graphstep.data.sampler import BatchSampler
+
+
+def column(*values: float) -> np.ndarray:
+    return np.array(values, dtype=np.float64)[:, None]
+
+
+def test_chan_update_uses_the_old_mean_in_its_cross_term() -> None:
+    count, mean, var = chan_update(0, np.zeros(1), np.ones(1), column(1, 3))
+    assert (count, mean[0], var[0]) == (2, 2.0, 1.0)
+    count, mean, var = chan_update(count, mean, var, column(5))
+    # {1, 3, 5}: mean 3, population variance (4 + 0 + 4) / 3; the references' new-mean cross
+    # term would give 1.556.
+    assert count == 3
+    assert mean[0] == pytest.approx(3.0, abs=1e-15)
+    assert var[0] == pytest.approx(8 / 3, abs=1e-15)
+
+
+def test_an_empty_batch_changes_nothing() -> None:
+    assert chan_update(2, np.array([2.0]), np.array([1.0]), np.empty((0, 1)))[0] == 2
+
+
+def test_normalised_values_by_hand() -> None:
+    normalizer = ObservationNormalizer(1, 2, "cpu")
+    normalizer.update(np.array([[1.0, 7.0], [3.0, 7.0]], dtype=np.float32))
+    normalizer.update(np.array([[5.0, 7.0]], dtype=np.float32))
+    assert normalizer.count.tolist() == [3]
+    np.testing.assert_allclose(normalizer.mean, [[3.0, 7.0]], atol=1e-15)
+    np.testing.assert_allclose(normalizer.var, [[8 / 3, 0.0]], atol=1e-15)
+    out = normalizer.normalize(torch.tensor([[5.0, 7.0], [3.0, 7.0], [1.0, 8.0]]))
+    std = np.sqrt(8 / 3)  # 1.63299...
+    expected = torch.tensor([[2 / (std + 0.01), 0.0], [0.0, 0.0], [-2 / (std + 0.01), 100.0]],
+                            dtype=torch.float32)
+    torch.testing.assert_close(out, expected)
+    assert STD_EPS == 0.01 and out[0, 0].item() == pytest.approx(1.21729, abs=1e-5)
+
+
+def test_a_constant_dimension_normalises_to_zero_not_nan() -> None:
+    normalizer = ObservationNormalizer(1, 2, "cpu")
+    for _ in range(3):
+        normalizer.update(np.array([[0.3, -2.5]] * 4, dtype=np.float32))
+    assert normalizer.var.tolist() == [[0.0, 0.0]]
+    out = normalizer.normalize(torch.tensor([[0.3, -2.5]]))
+    assert torch.equal(out, torch.zeros(1, 2))
+
+
+def test_before_any_observation_it_is_the_identity() -> None:
+    normalizer = ObservationNormalizer(2, 3, "cpu")
+    x = torch.randn(2, 5, 3)
+    assert torch.equal(normalizer.normalize(x), x)
+
+
+def test_each_seed_keeps_its_own_statistics() -> None:
+    normalizer = ObservationNormalizer(2, 1, "cpu")
+    # Rows 0-1 are seed 0's envs, rows 2-3 seed 1's.
+    normalizer.update(np.array([[1.0], [3.0], [10.0], [30.0]]))
+    normalizer.update(np.array([[5.0], [5.0], [50.0], [50.0]]))
+    np.testing.assert_allclose(normalizer.mean[:, 0], [np.mean([1, 3, 5, 5]),
+                                                       np.mean([10, 30, 50, 50])])
+    np.testing.assert_allclose(normalizer.var[:, 0], [np.var([1, 3, 5, 5]),
+                                                      np.var([10, 30, 50, 50])])
+    # (K, B, O) batches: seed k's rows through seed k's statistics.
+    out = normalizer.normalize(torch.tensor([[[3.5]], [[35.0]]]))
+    torch.testing.assert_close(out, torch.zeros(2, 1, 1))
+
+
+def test_rows_not_kept_are_not_counted() -> None:
+    normalizer = ObservationNormalizer(2, 1, "cpu")
+    normalizer.update(np.array([[1.0], [np.nan], [2.0], [4.0]]),
+                      keep=np.array([True, False, True, True]))
+    assert normalizer.count.tolist() == [1, 2]
+    np.testing.assert_allclose(normalizer.mean[:, 0], [1.0, 3.0])
+    assert np.isfinite(normalizer.var).all() and torch.isfinite(normalizer.stats).all()
+
+
+def test_in_place_normalisation_is_the_same_to_the_bit() -> None:
+    normalizer = ObservationNormalizer(1, 3, "cpu")
+    normalizer.update(np.random.default_rng(0).normal(3.0, 2.0, (50, 3)).astype(np.float32))
+    x = torch.randn(8, 3, generator=torch.Generator().manual_seed(0)) * 5
+    expected = normalizer.normalize(x)
+    assert torch.equal(normalizer.normalize_(x.clone()), expected)
+    mean, std = normalizer.mean[0], np.sqrt(normalizer.var[0])
+    np.testing.assert_allclose(expected.numpy(), (x.numpy() - mean) / (std + 0.01), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_the_device_tensor_is_written_in_place() -> None:
+    normalizer = ObservationNormalizer(1, 2, "cpu")
+    stats = normalizer.stats
+    pointer = stats.data_ptr()
+    normalizer.update(np.array([[1.0, 2.0], [3.0, 6.0]]))
+    assert normalizer.stats is stats and stats.data_ptr() == pointer
+    torch.testing.assert_close(stats[:, 0, 0], torch.tensor([[2.0, 4.0], [1.01, 2.01]]))
+
+
+def test_state_dict_round_trip_is_bit_for_bit() -> None:
+    rng = np.random.default_rng(1)
+    normalizer = ObservationNormalizer(2, 3, "cpu")
+    for _ in range(4):
+        normalizer.update(rng.normal(size=(6, 3)).astype(np.float32))
+    restored = ObservationNormalizer(2, 3, "cpu")
+    restored.load_state_dict(normalizer.state_dict())
+    for name in ("count", "mean", "var"):
+        assert np.array_equal(getattr(restored, name), getattr(normalizer, name))
+    assert torch.equal(restored.stats, normalizer.stats)
+    # Both go on counting the same way.
+    batch = rng.normal(size=(6, 3))
+    normalizer.update(batch)
+    restored.update(batch)
+    assert np.array_equal(restored.var, normalizer.var)
+    one = normalizer.member(1)
+    assert torch.equal(one.stats[:, 0], normalizer.stats[:, 1])
+
+
+def test_a_state_of_another_shape_is_one_line() -> None:
+    saved = ObservationNormalizer(1, 3, "cpu").state_dict()
+    with pytest.raises(ValueError, match=r"\(1, 3\), this run has \(2, 3\)"):
+        ObservationNormalizer(2, 3, "cpu").load_state_dict(saved)
+
+
+def test_the_sampler_normalises_observations_and_next_observations() -> None:
+    normalizer = ObservationNormalizer(1, 2, "cpu")
+    buffer = ReplayBuffer(100, 2, 1, "cpu", normalizer=normalizer)
+    index = np.arange(40, dtype=np.float32)
+    observations = np.stack([index, 3 * index], 1)
+    buffer.add(observations, index[:, None], np.zeros(40), observations + 100,
+               np.zeros(40, bool))
+    normalizer.update(observations)  # the collector's part
+    layout = buffer.layout
+    obs, rest = torch.zeros(16, 3), torch.zeros(16, 4)
+    sampler = BatchSampler(buffer, 16, [(obs, layout.critic_inputs),
+                                        (rest, layout.critic_targets)])
+    sampler()
+    rows = buffer.storage[obs[:, 2].long()]  # the action column is the row's index, raw
+    assert torch.equal(obs[:, :2], normalizer.normalize(rows[:, layout.observations]))
+    assert torch.equal(rest[:, 2:], normalizer.normalize(rows[:, layout.next_observations]))
+    assert not torch.equal(obs[:, :2], rows[:, layout.observations])
