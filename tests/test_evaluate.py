@@ -291,3 +291,32 @@ def test_a_module_env_imports_from_the_current_folder_without_python_m(
     monkeypatch.delitem(sys.modules, "plain_envs", raising=False)
     make_env(PLAIN).close()
     assert str(plain_run) in sys.path
+
+
+def test_an_obs_norm_run_evaluates_through_its_saved_statistics(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The actor of a --obs-norm run sees (x - mean) / (std + 0.01) with the checkpoint's
+    statistics (frozen: evaluating twice gives the same returns)."""
+    from rl_graphstep.run import evaluation
+
+    assert train.main(["--env", "Pendulum-v1", "--log-dir", str(tmp_path), "--run-name", "n",
+                       "--total-timesteps", "300", "--learning-starts", "100",
+                       "--batch-size", "32", "--hidden-sizes", "16", "16", "--no-progress",
+                       "--device", "cpu", "--obs-norm"]) == 0
+    seen: list[torch.Tensor] = []
+    act = evaluation.evaluation_action
+    monkeypatch.setattr(evaluation, "evaluation_action",
+                        lambda actor, kind, obs: seen.append(obs.clone()) or act(actor, kind, obs))
+    first = evaluate(tmp_path / "n", episodes=1, seed=5, device="cpu", verbose=False)
+    stats = torch.load(next((tmp_path / "n" / "checkpoints").glob("*.pt")),
+                       weights_only=False)["obs_normalizer"]
+    env = make_env("Pendulum-v1")
+    observation, _ = env.reset(seed=5)
+    env.close()
+    mean, std = stats["mean"][0].numpy(), np.sqrt(stats["var"][0].numpy())
+    expected = (observation.astype(np.float64) - mean) / (std + 0.01)
+    np.testing.assert_allclose(seen[0][0].numpy(), expected, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(seen[0][0].numpy(), observation, atol=1e-3)
+    assert len(seen) == 200
+    assert evaluate(tmp_path / "n", episodes=1, seed=5, device="cpu",
+                    verbose=False).returns == first.returns

@@ -318,3 +318,27 @@ def test_adam_is_fused_and_capturable_only_on_cuda() -> None:
     assert [g["lr"] for g in learner.actor_optimizer.param_groups] == [
         Config().policy_lr, Config().q_lr]  # the actor and SAC's temperature
 
+
+
+def test_the_steps_learn_from_normalised_observations() -> None:
+    """--obs-norm on the CPU: each update's batch reaches the steps normalised by the
+    statistics as they are at that update; the buffer keeps its rows raw."""
+    from rl_graphstep.data.buffer import ReplayBuffer
+    from rl_graphstep.data.normalizer import ObservationNormalizer
+
+    normalizer = ObservationNormalizer(1, 2, "cpu")
+    buffer = ReplayBuffer(100, 2, 1, "cpu", normalizer=normalizer)
+    index = np.arange(50, dtype=np.float32)
+    observations = np.stack([index, -3 * index], 1)
+    buffer.add(observations, index[:, None] / 100, index, observations + 0.5, index % 7 == 0)
+    raw = buffer.storage.clone()
+    made = built_learner(make(batch_size=16), buffer)
+    for batch in (observations, observations * 4):
+        normalizer.update(batch)
+        made.update()
+        inputs, targets = made.critic_step.static_inputs, made.critic_step.static_targets
+        rows = raw[torch.round(inputs[:, 2] * 100).long()]  # the action column: raw index
+        assert torch.equal(inputs[:, :2], normalizer.normalize(rows[:, :2]))
+        assert torch.equal(targets[:, 2:], normalizer.normalize(rows[:, 5:]))
+        assert torch.equal(made.actor_step.static_inputs, inputs[:, :2])
+    assert torch.equal(buffer.storage, raw)

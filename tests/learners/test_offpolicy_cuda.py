@@ -208,3 +208,33 @@ def test_resumed_state_reaches_the_captured_graphs(algo: str) -> None:
     fresh, _ = learner(buffer, True, algo=algo)
     assert not torch.equal(next(fresh.algorithm.critic.parameters()),
                            next(graph.algorithm.critic.parameters()))
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_a_captured_update_reads_the_observation_statistics_as_they_are_now(fuse: bool
+                                                                             ) -> None:
+    """--obs-norm: the sampled batch's observations and next observations reach the steps
+    normalised by the statistics of the moment: changed in place between replays, the
+    captured update reads the new ones (the eager normalisation of the same rows)."""
+    from rl_graphstep.data.normalizer import ObservationNormalizer
+
+    normalizer = ObservationNormalizer(1, 17, DEVICE)
+    buffer = ReplayBuffer(5000, 17, 6, DEVICE, normalizer=normalizer)
+    rng = np.random.default_rng(0)
+    obs, next_obs = rng.normal(3.0, 5.0, (1, 17)), rng.normal(-2.0, 4.0, (1, 17))
+    # Every row the same transition: whatever the sample draws, its rows are known.
+    buffer.add(obs.repeat(300, 0), np.zeros((300, 6)), np.zeros(300), next_obs.repeat(300, 0),
+               np.zeros(300, bool))
+    made, _ = learner(buffer, graphs=True, fuse=fuse)
+    assert (made.fused is not None) == fuse
+    raw = torch.tensor(obs, dtype=torch.float32, device=DEVICE)
+    raw_next = torch.tensor(next_obs, dtype=torch.float32, device=DEVICE)
+    for scale in (1.0, 10.0, 0.5):
+        normalizer.update(rng.normal(1.0, scale, (64, 17)))
+        made.update()
+        torch.cuda.synchronize()
+        expected = normalizer.normalize(raw).expand(256, 17)
+        assert torch.equal(made.critic_step.static_inputs[:, :17], expected)
+        assert torch.equal(made.actor_step.static_inputs, expected)
+        assert torch.equal(made.critic_step.static_targets[:, 2:],
+                           normalizer.normalize(raw_next).expand(256, 17))

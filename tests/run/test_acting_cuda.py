@@ -155,3 +155,49 @@ def test_a_syncing_policy_is_named_or_acted_eagerly() -> None:
     pipe.request(np.ones((2, 17), np.float32))
     np.testing.assert_allclose(pipe.wait()[0], np.ones((2, 6)))
     torch.zeros(1, device=DEVICE).add_(1)  # CUDA still works after the failed capture
+
+
+def _normalizer_pipe(refresh: bool):
+    """A pipe acting tanh of the first normalised observation entry (noise ignored), of a
+    normaliser fed {1, 5} (mean 3, std 2) in its first entry."""
+    from rl_graphstep.data.normalizer import ObservationNormalizer
+
+    normalizer = ObservationNormalizer(1, 2, DEVICE)
+    normalizer.update(np.array([[1.0, 0.0], [5.0, 0.0]]))  # mean 3, std 2
+    stats = normalizer.stats.clone() if refresh else None
+
+    def policy(observations: torch.Tensor, noise: torch.Tensor | None = None) -> torch.Tensor:
+        return torch.tanh(normalizer.normalize(observations, stats)[:, :1])
+
+    space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    pipe = ActionPipe(policy, 4, 2, space, DEVICE, use_graph=True,
+                      noise_size=1 if refresh else 0,
+                      refresh=([stats], [normalizer.stats]) if refresh else None)
+    return normalizer, pipe
+
+
+def test_a_captured_policy_reads_the_observation_statistics_as_they_are_now() -> None:
+    normalizer, pipe = _normalizer_pipe(refresh=False)
+    assert pipe.graph is not None
+    observations = np.full((4, 2), 5.0, np.float32)
+    for mean, std in ((3.0, 2.0), (5.0, np.sqrt(6.0))):
+        pipe.request(observations)
+        actions, _ = pipe.wait()
+        np.testing.assert_allclose(actions, np.tanh((5.0 - mean) / (std + 0.01)), rtol=1e-6)
+        normalizer.update(np.array([[7.0, 0.0], [7.0, 0.0]]))  # {1, 5, 7, 7}: mean 5, var 6
+
+
+def test_the_action_beside_the_updates_reads_statistics_one_round_behind() -> None:
+    normalizer, pipe = _normalizer_pipe(refresh=True)
+    assert pipe.side_stream is not None
+    observations = np.full((4, 2), 5.0, np.float32)
+    pipe.request(observations)
+    first, _ = pipe.wait()
+    normalizer.update(np.array([[7.0, 0.0], [7.0, 0.0]]))  # mean 5 from here on
+    pipe.request(observations)  # the statistics staged at the first request: mean 3
+    second, _ = pipe.wait()
+    pipe.request(observations)
+    third, _ = pipe.wait()
+    np.testing.assert_allclose(first, np.tanh(2 / 2.01), rtol=1e-6)
+    np.testing.assert_allclose(second, first)
+    np.testing.assert_allclose(third, 0.0, atol=1e-7)
