@@ -1,6 +1,13 @@
 """A benchmark's results read from its run folders and kept as CSV files: every seed's episode
-returns, and each group's steps, wall time and env steps/s, so that ``table.py report`` can
-rebuild the table and the figures without the runs.
+returns with the wall time each was logged at, and each group's steps, wall time, env steps/s
+and the settings that make its gradient samples, so that ``table.py report`` can rebuild the
+tables and the figures without the runs.
+
+Times are seconds since launch: every event file of a run records when its process was
+launched (``rl_graphstep.run.logger.LAUNCH_TAG``), so an episode's time is its event's wall
+time less that launch, plus the whole time of the processes before it where a run was resumed.
+Runs logged before the launch was recorded have none: their group's times are estimated from
+an even pace over the wall time their event files span (``GroupResult.estimated``).
 
 A *group* is one algorithm on one task over several seeds: a seed group's folder
 (``--num-seeds K``: ``seed_<s>/`` runs inside, and ``aggregate/``), or single-seed run
@@ -12,19 +19,25 @@ from __future__ import annotations
 import csv
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from plot_curve import last_per_step
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+from rl_graphstep.run.logger import LAUNCH_TAG, read_launch
 
 RETURN_TAG = "charts/episodic_return"
 CONFIG_TAG = "hyperparameters/text_summary"
 LAST_EPISODES = 10
 GROUPS_FILE = "groups.csv"
-GROUP_FIELDS = ["env_id", "algo", "seeds", "steps", "wall_s", "env_steps_per_s"]
+OLD_GROUP_FIELDS = ["env_id", "algo", "seeds", "steps", "wall_s", "env_steps_per_s"]
+# What makes the gradient samples (from each run's config) and where wall_s is counted from:
+# "launch" (recorded) or "first event" (runs logged before the launch was recorded).
+SETTINGS = ["num_envs", "batch_size", "updates_per_step", "learning_starts"]
+GROUP_FIELDS = [*OLD_GROUP_FIELDS, *SETTINGS, "timed_from"]
+LAUNCH_TEXT_TAG = f"{LAUNCH_TAG}/text_summary"
 
 
 class ResultsError(Exception):
@@ -33,11 +46,13 @@ class ResultsError(Exception):
 
 @dataclass
 class SeedCurve:
-    """One seed's episodes: the env step each ended at and its return, in step order."""
+    """One seed's episodes: the env step each ended at and its return, in step order, and
+    the seconds since launch it was logged at (None where the run recorded no launch)."""
 
     seed: int
     steps: np.ndarray
     returns: np.ndarray
+    seconds: np.ndarray | None = None
 
     def final(self, last: int = LAST_EPISODES) -> float:
         """The mean return of the seed's last ``last`` episodes."""
@@ -52,7 +67,12 @@ class GroupResult:
     algo: str
     curves: list[SeedCurve]
     steps: int  # env steps each seed made
-    wall_s: float  # the training processes' wall time, summed over a resumed run's parts
+    # The training processes' wall time, summed over a resumed run's parts: from each one's
+    # launch to its last event, or from its first event where no launch was recorded.
+    wall_s: float
+    # The run's settings that make its gradient samples (None where not recorded).
+    settings: dict[str, int | None] = field(default_factory=lambda: dict.fromkeys(SETTINGS))
+    timed_from: str = "first event"
 
     @property
     def key(self) -> tuple[str, str]:
@@ -71,6 +91,38 @@ class GroupResult:
         """Env steps of all seeds together per second of wall time."""
         return len(self.curves) * self.steps / self.wall_s if self.wall_s > 0 else float("nan")
 
+    @property
+    def estimated(self) -> bool:
+        """Whether its episodes' times are estimated (some run recorded no launch)."""
+        return any(curve.seconds is None for curve in self.curves)
+
+    def seconds(self, curve: SeedCurve) -> np.ndarray:
+        """A seed's episode times since launch: as recorded, else estimated from an even pace
+        (step / steps of the group's wall time), and made non-decreasing."""
+        if curve.seconds is not None:
+            times = curve.seconds
+        else:
+            times = curve.steps / self.steps * self.wall_s if self.steps else curve.steps * 0.0
+        return np.maximum.accumulate(np.asarray(times, dtype=np.float64))
+
+    @property
+    def gradient_samples(self) -> int | None:
+        """Rows sampled for critic updates by all seeds: each seed makes ``updates_per_step``
+        updates of ``batch_size`` rows per iteration of ``num_envs`` steps once past
+        ``learning_starts``. None where its settings were not recorded."""
+        settings = self.settings
+        if any(settings.get(name) is None for name in SETTINGS):
+            return None
+        iterations = max(0, self.steps - settings["learning_starts"]) // settings["num_envs"]
+        return (len(self.curves) * iterations * settings["updates_per_step"]
+                * settings["batch_size"])
+
+    @property
+    def gradient_samples_per_s(self) -> float | None:
+        """Gradient samples of all seeds per second of wall time (None where unknown)."""
+        samples = self.gradient_samples
+        return None if samples is None or self.wall_s <= 0 else samples / self.wall_s
+
 
 def _config(run_dir: Path, events: EventAccumulator) -> dict[str, str]:
     """The run's hyperparameters table (markdown ``| key | value |`` rows) as a dict."""
@@ -81,18 +133,52 @@ def _config(run_dir: Path, events: EventAccumulator) -> dict[str, str]:
     return {key.strip(): value.strip() for key, value, *_ in (r for r in rows if len(r) >= 2)}
 
 
-def _wall_time(run_dir: Path) -> tuple[float, int]:
-    """The wall time the folder's event files span, each file (one process) on its own and
-    summed, and the last step any event records."""
-    total, last_step = 0.0, 0
+@dataclass(frozen=True)
+class Process:
+    """One event file of a run folder, written by one training process: its launch (None
+    where not recorded), its first and last event's wall time."""
+
+    launch: float | None
+    first: float
+    last: float
+
+    @property
+    def start(self) -> float:
+        return self.first if self.launch is None else self.launch
+
+
+def processes(run_dir: Path) -> tuple[list[Process], int]:
+    """The folder's event files, one per process, in the order they ran, and the last step
+    any event records."""
+    found, last_step = [], 0
     for path in sorted(run_dir.glob("*tfevents*")):
-        times = []
+        times, launch = [], None
         for event in EventFileLoader(str(path)).Load():
             times.append(event.wall_time)
             last_step = max(last_step, event.step)
+            for value in event.summary.value:
+                if value.tag == LAUNCH_TEXT_TAG and value.tensor.string_val:
+                    launch = read_launch(value.tensor.string_val[0].decode())
         if times:
-            total += max(times) - min(times)
-    return total, last_step
+            found.append(Process(launch, min(times), max(times)))
+    return sorted(found, key=lambda p: p.start), last_step
+
+
+def wall_time(found: Sequence[Process]) -> float:
+    """The processes' wall time together, each from its start (launch) to its last event."""
+    return sum(p.last - p.start for p in found)
+
+
+def since_launch(times: np.ndarray, found: Sequence[Process]) -> np.ndarray | None:
+    """Wall times of events as seconds since launch: within the process that logged each
+    (the last to start before it), plus the whole time of the processes before that one.
+    None where some process recorded no launch."""
+    if not found or any(p.launch is None for p in found):
+        return None
+    starts = np.array([p.start for p in found])
+    before = np.concatenate([[0.0], np.cumsum([p.last - p.start for p in found])[:-1]])
+    which = np.clip(np.searchsorted(starts, times, side="right") - 1, 0, len(found) - 1)
+    return before[which] + times - starts[which]
 
 
 def read_seed_run(run_dir: Path) -> tuple[dict[str, str], SeedCurve]:
@@ -105,9 +191,21 @@ def read_seed_run(run_dir: Path) -> tuple[dict[str, str], SeedCurve]:
     config = _config(run_dir, events)
     if RETURN_TAG not in events.Tags().get("scalars", []):
         raise ResultsError(f"{run_dir}: no finished episode ({RETURN_TAG!r} is missing)")
-    steps, returns = last_per_step(events, RETURN_TAG)
+    # In wall-time order, so where a step was written twice (a resumed run) the last is kept.
+    by_step = {event.step: event for event in sorted(events.Scalars(RETURN_TAG),
+                                                     key=lambda e: e.wall_time)}
+    steps = sorted(by_step)
+    seconds = since_launch(np.array([by_step[s].wall_time for s in steps]),
+                           processes(run_dir)[0])
     seed = int(config.get("seed of this run", config.get("seed", "0")))
-    return config, SeedCurve(seed, np.array(steps, dtype=np.int64), np.array(returns))
+    return config, SeedCurve(seed, np.array(steps, dtype=np.int64),
+                             np.array([by_step[s].value for s in steps]), seconds)
+
+
+def _settings(config: dict[str, str]) -> dict[str, int | None]:
+    """The settings of ``SETTINGS`` a run's config table gives (None where it has none)."""
+    return {name: int(config[name]) if config.get(name, "").isdigit() else None
+            for name in SETTINGS}
 
 
 def read_group(path: Path) -> GroupResult:
@@ -118,10 +216,12 @@ def read_group(path: Path) -> GroupResult:
                        key=lambda p: int(p.name.removeprefix("seed_")))
     runs = [read_seed_run(p) for p in seed_dirs] if seed_dirs else [read_seed_run(path)]
     config = runs[0][0]
-    wall_s, last_step = _wall_time(path / "aggregate" if seed_dirs else path)
+    found, last_step = processes(path / "aggregate" if seed_dirs else path)
     steps = max([last_step, *(int(curve.steps[-1]) for _, curve in runs)])
+    timed = found and all(p.launch is not None for p in found)
     return GroupResult(config["env_id"], config["algo"], [curve for _, curve in runs], steps,
-                       wall_s)
+                       wall_time(found), _settings(config),
+                       "launch" if timed else "first event")
 
 
 def pool(groups: Iterable[GroupResult]) -> list[GroupResult]:
@@ -131,7 +231,8 @@ def pool(groups: Iterable[GroupResult]) -> list[GroupResult]:
     for group in groups:
         if group.key not in pooled:
             pooled[group.key] = GroupResult(group.env_id, group.algo, list(group.curves),
-                                            group.steps, group.wall_s)
+                                            group.steps, group.wall_s, dict(group.settings),
+                                            group.timed_from)
             continue
         into = pooled[group.key]
         clash = set(into.seeds) & set(group.seeds)
@@ -141,6 +242,8 @@ def pool(groups: Iterable[GroupResult]) -> list[GroupResult]:
         into.curves = sorted([*into.curves, *group.curves], key=lambda c: c.seed)
         into.steps = min(into.steps, group.steps)
         into.wall_s += group.wall_s
+        if group.timed_from != into.timed_from:
+            into.timed_from = "first event"  # some of its runs recorded no launch
     return list(pooled.values())
 
 
@@ -149,9 +252,9 @@ def returns_file(results_dir: Path, env_id: str, algo: str) -> Path:
 
 
 def write_results(results_dir: Path, groups: Sequence[GroupResult]) -> list[Path]:
-    """Each group's returns as ``<env>__<algo>.csv`` (seed, step, return) and its row of
-    ``groups.csv``, replacing an earlier row of the same algorithm and task. Returns the
-    files written."""
+    """Each group's returns as ``<env>__<algo>.csv`` (seed, step, return, and seconds since
+    launch where every run recorded its launch) and its row of ``groups.csv``, replacing an
+    earlier row of the same algorithm and task. Returns the files written."""
     results_dir.mkdir(parents=True, exist_ok=True)
     rows = {key: row for key, row in _read_group_rows(results_dir).items()}
     written = []
@@ -159,15 +262,20 @@ def write_results(results_dir: Path, groups: Sequence[GroupResult]) -> list[Path
         path = returns_file(results_dir, group.env_id, group.algo)
         with path.open("w", newline="") as file:
             writer = csv.writer(file)
-            writer.writerow(["seed", "step", "return"])
+            timed = not group.estimated
+            writer.writerow(["seed", "step", "return", *(["seconds"] if timed else [])])
             for curve in group.curves:
-                writer.writerows((curve.seed, int(step), f"{value:.2f}")
-                                 for step, value in zip(curve.steps, curve.returns, strict=True))
+                for i, (step, value) in enumerate(zip(curve.steps, curve.returns, strict=True)):
+                    writer.writerow([curve.seed, int(step), f"{value:.2f}",
+                                     *([f"{curve.seconds[i]:.2f}"] if timed else [])])
         written.append(path)
         rows[group.key] = {"env_id": group.env_id, "algo": group.algo,
                            "seeds": " ".join(map(str, group.seeds)), "steps": group.steps,
                            "wall_s": f"{group.wall_s:.1f}",
-                           "env_steps_per_s": f"{group.env_steps_per_s:.0f}"}
+                           "env_steps_per_s": f"{group.env_steps_per_s:.0f}",
+                           **{name: "" if value is None else value
+                              for name, value in group.settings.items()},
+                           "timed_from": group.timed_from}
     with (results_dir / GROUPS_FILE).open("w", newline="") as file:
         writer = csv.DictWriter(file, GROUP_FIELDS)
         writer.writeheader()
@@ -182,9 +290,12 @@ def _read_group_rows(results_dir: Path) -> dict[tuple[str, str], dict[str, str]]
         return {}
     with path.open(newline="") as file:
         reader = csv.DictReader(file)
-        if reader.fieldnames != GROUP_FIELDS:
+        # A file written before the settings were kept: its rows have none, timed from the
+        # first event.
+        if reader.fieldnames not in (GROUP_FIELDS, OLD_GROUP_FIELDS):
             raise ResultsError(f"{path}: expected the columns {','.join(GROUP_FIELDS)}")
-        return {(row["env_id"], row["algo"]): row for row in reader}
+        return {(row["env_id"], row["algo"]): {"timed_from": "first event", **row}
+                for row in reader}
 
 
 def load_results(results_dir: Path) -> list[GroupResult]:
@@ -194,19 +305,32 @@ def load_results(results_dir: Path) -> list[GroupResult]:
         raise ResultsError(f"{results_dir}: no {GROUPS_FILE}; run 'table.py collect' first")
     groups = []
     for (env_id, algo), row in sorted(rows.items()):
-        path = returns_file(results_dir, env_id, algo)
-        try:
-            data = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
-        except (OSError, ValueError) as err:
-            raise ResultsError(f"{path}: not a seed,step,return CSV ({err})") from err
-        curves = [SeedCurve(int(seed), data[data[:, 0] == seed, 1].astype(np.int64),
-                            data[data[:, 0] == seed, 2])
-                  for seed in map(int, row["seeds"].split())]
-        if any(curve.steps.size == 0 for curve in curves):
-            raise ResultsError(f"{path}: a seed of {GROUPS_FILE} has no episodes here")
+        curves = _read_returns(returns_file(results_dir, env_id, algo), row["seeds"])
+        settings = {name: int(row[name]) if row.get(name) else None for name in SETTINGS}
         groups.append(GroupResult(env_id, algo, curves, int(row["steps"]),
-                                  float(row["wall_s"])))
+                                  float(row["wall_s"]), settings, row["timed_from"]))
     return groups
+
+
+def _read_returns(path: Path, seeds: str) -> list[SeedCurve]:
+    """A group's ``seed,step,return[,seconds]`` CSV: a file without the seconds (written
+    before they were kept) gives curves without them."""
+    try:
+        with path.open() as file:
+            header = file.readline().strip().split(",")
+        if header not in (["seed", "step", "return"], ["seed", "step", "return", "seconds"]):
+            raise ValueError(f"its header is {','.join(header)}")
+        data = np.loadtxt(path, delimiter=",", skiprows=1, ndmin=2)
+    except (OSError, ValueError) as err:
+        raise ResultsError(f"{path}: not a seed,step,return[,seconds] CSV ({err})") from err
+    curves = []
+    for seed in map(int, seeds.split()):
+        rows = data[data[:, 0] == seed]
+        if rows.shape[0] == 0:
+            raise ResultsError(f"{path}: a seed of {GROUPS_FILE} has no episodes here")
+        curves.append(SeedCurve(seed, rows[:, 1].astype(np.int64), rows[:, 2],
+                                rows[:, 3] if len(header) == 4 else None))
+    return curves
 
 
 def collect(paths: Sequence[Path], results_dir: Path) -> list[GroupResult]:

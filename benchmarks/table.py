@@ -9,7 +9,10 @@ numbers, with one learning-curve figure per task and one across tasks.
 ``collect`` reads seed-group folders (``--num-seeds K``) or single-seed run folders (pooled by
 algorithm and task) into CSV files in ``--results``; ``report`` builds, from those files
 alone, ``table.md`` (also printed), ``summary.md`` (the README's short form: each group's IQM
-beside the published mean), ``<task>.png`` and ``aggregate.png`` there.
+beside the published mean), ``<task>.png`` and ``aggregate.png`` there; and the wall-clock
+axis (``wallclock.py``): ``wallclock.md`` (also printed; time from launch to the first
+reference's mean, the IQM at 15 minutes, env steps/s and gradient samples/s),
+``wallclock_summary.md`` (its short form) and ``<task>_wallclock.png``.
 
 Per group: each seed's mean return over its last 10 episodes; their mean ± std (numpy's,
 over the seeds) and interquartile mean with its 95% percentile-bootstrap interval; the wall
@@ -34,6 +37,13 @@ from pathlib import Path
 
 import numpy as np
 from results import LAST_EPISODES, GroupResult, ResultsError, collect, load_results
+from wallclock import (
+    Threshold,
+    plot_wallclock,
+    wallclock_markdown,
+    wallclock_rows,
+    wallclock_summary,
+)
 
 from rl_graphstep.run.aggregate import (
     BOOTSTRAP_SEED,
@@ -172,6 +182,19 @@ def smoothed_curves(group: GroupResult, points: int = CURVE_POINTS
     return grid, np.array(rows)
 
 
+def first_references(groups: Sequence[GroupResult],
+                     references: dict[tuple[str, str], list[Reference]]
+                     ) -> dict[tuple[str, str], Threshold]:
+    """group key -> the mean of the first reference of its algorithm and task (the one it is
+    judged against), the threshold of its time to result."""
+    thresholds = {}
+    for group in groups:
+        found = references.get((group.algo, task_of(group.env_id)))
+        if found:
+            thresholds[group.key] = Threshold(found[0].mean, found[0].label())
+    return thresholds
+
+
 def normalised_scores(groups: Sequence[GroupResult],
                       references: dict[tuple[str, str], list[Reference]]
                       ) -> dict[str, list[np.ndarray]]:
@@ -271,7 +294,14 @@ def report(results_dir: Path, references_path: Path) -> list[Path]:
     print(text, end="")
     (results_dir / "table.md").write_text(text)
     (results_dir / "summary.md").write_text(summary(groups, references))
-    written = [results_dir / "table.md", results_dir / "summary.md"]
+    thresholds = first_references(groups, references)
+    rows = wallclock_rows(groups, thresholds)
+    clock = wallclock_markdown(rows)
+    print(clock, end="")
+    (results_dir / "wallclock.md").write_text(clock)
+    (results_dir / "wallclock_summary.md").write_text(wallclock_summary(rows))
+    written = [results_dir / name for name in ("table.md", "summary.md", "wallclock.md",
+                                               "wallclock_summary.md")]
     try:
         import matplotlib
     except ImportError:
@@ -281,7 +311,10 @@ def report(results_dir: Path, references_path: Path) -> list[Path]:
     for task in sorted({task_of(g.env_id) for g in groups}):
         path = results_dir / f"{task}.png"
         plot_task(path, task, [g for g in groups if task_of(g.env_id) == task], references)
-        written.append(path)
+        path_clock = results_dir / f"{task}_wallclock.png"
+        plot_wallclock(path_clock, task, [g for g in groups if task_of(g.env_id) == task],
+                       thresholds)
+        written += [path, path_clock]
     scores = normalised_scores(groups, references)
     if scores:
         plot_aggregate(results_dir / "aggregate.png", scores)

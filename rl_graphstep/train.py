@@ -9,9 +9,11 @@ step, save a checkpoint and flush the logs.
 from __future__ import annotations
 
 if __name__ == "__main__":
-    # Before every import below (torch takes seconds): a Ctrl-C during them is one line, exit 130.
-    from rl_graphstep.run.cli import startup_guard
+    # Before every import below (torch takes seconds): a Ctrl-C during them is one line, exit 130;
+    # and the launch noted, from which the run's logs time its results (start-up included).
+    from rl_graphstep.run.cli import mark_launch, startup_guard
 
+    mark_launch()
     startup_guard()
 
 import contextlib
@@ -42,6 +44,7 @@ from rl_graphstep.run.cli import (
     argument_list,
     end_startup_guard,
     exit_quietly,
+    launch_time,
     suggested_command,
 )
 from rl_graphstep.run.console import say, summary_line
@@ -85,12 +88,13 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None,
     if not isinstance(cfg, Config):
         raise TypeError("train() takes a Config, such as rl_graphstep.load_config(['--env', "
                         f"'Pendulum-v1']) gives, got {type_name(cfg)}")
+    launched = launch_time()  # the command's process start, or now (recorded in the logs)
     try:
         device = resolve_device(cfg)
         # The run folder's lock (see own_run_dir) is released when the run ends in any way.
         with matmul_precision(cfg.tf32), loop_threads(device), \
                 contextlib.ExitStack() as owned:
-            run = set_up(cfg, device, actor, critic, owned, cpus)
+            run = set_up(cfg, device, actor, critic, owned, cpus, launched=launched)
             run.report = report
             # stop_requests first, so it is left last: a second Ctrl-C while the first one's
             # checkpoint is saved, the envs closed or the logs flushed is noted, not raised.

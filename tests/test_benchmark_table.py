@@ -139,7 +139,18 @@ def test_report_builds_the_table_and_figures_from_the_csvs_alone(runs: dict[str,
         "| Task | SAC | TD3 |", "|---|---:|---:|",
         "| HalfCheetah-v5 |  | 1,338 (1,000) |",
         f"| Pendulum-v1 | {iqm(load('results').load_results(results)[1].finals()):,.0f} |  |"]
-    for name in ("HalfCheetah.png", "Pendulum.png", "aggregate.png"):
+    # The wall-clock table: TD3's runs recorded no launch (times at an even pace); the
+    # Pendulum group did, and has no reference to be timed to.
+    clock = (results / "wallclock.md").read_text().splitlines()
+    (td3,) = [row for row in clock if "| TD3 |" in row]
+    assert "| 1,000, CleanRL (HalfCheetah-v4) | ≈ " in td3
+    assert td3.endswith("| - | even pace (estimated) |")
+    (sac,) = [row for row in clock if "| SAC |" in row]
+    assert "| none found | - | - |" in sac and sac.endswith("| since launch |")
+    assert "≈ *Estimated from an even pace*" in "\n".join(clock)
+    assert (results / "wallclock_summary.md").read_text().startswith("| Task | Algorithm |")
+    for name in ("HalfCheetah.png", "Pendulum.png", "aggregate.png", "HalfCheetah_wallclock.png",
+                 "Pendulum_wallclock.png"):
         assert (results / name).read_bytes().startswith(PNG_SIGNATURE), name
 
 

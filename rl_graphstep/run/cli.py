@@ -14,6 +14,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from types import FrameType
 from typing import NoReturn
@@ -25,12 +26,17 @@ __all__ = [
     "argument_list",
     "end_startup_guard",
     "exit_quietly",
+    "launch_time",
+    "mark_launch",
     "open_closed_streams",
     "startup_guard",
     "suggested_command",
 ]
 
 STARTUP_INTERRUPTED = "stopped: interrupted during start-up"
+
+# The Unix time the command's process started (see mark_launch), until a run takes it.
+_launched: float | None = None
 
 # argparse's wordings (Lib/argparse.py) that read better as "--flag must be ..." lines.
 _INVALID_VALUE = re.compile(r"argument (?P<flag>\S+?)(?:/\S+)?: invalid (?P<kind>\w+) value: "
@@ -200,3 +206,39 @@ def exit_quietly(code: int) -> NoReturn:
     one line how the run ended."""
     signal.signal(signal.SIGINT, lambda _signum, _frame: os._exit(code))
     sys.exit(code)
+
+
+def process_start_time(proc: str = "/proc") -> float | None:
+    """The Unix time this process started, from ``/proc/self/stat`` (its start in clock
+    ticks after boot) and ``/proc/uptime``, to about 10 ms; None where there is no /proc
+    (macOS, Windows) or it cannot be read. It counts the interpreter's own start-up."""
+    try:
+        with open(f"{proc}/self/stat") as file:
+            stat = file.read()
+        with open(f"{proc}/uptime") as file:
+            uptime = float(file.read().split()[0])
+        # The command name (field 2) may hold spaces and parentheses: count from its end.
+        # Field 22, starttime, is the 20th after it.
+        started_ticks = int(stat[stat.rindex(")") + 2:].split()[19])
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - (uptime - started_ticks / ticks)
+
+
+def mark_launch() -> None:
+    """Note when the command was launched, for the run to record (see :func:`launch_time`):
+    the process's start where /proc tells it, else now. Called first thing by an entry's
+    ``__main__`` path, before torch is imported."""
+    global _launched
+    _launched = process_start_time() or time.time()
+
+
+def launch_time() -> float:
+    """When the run that asks was launched, as a Unix time: the command's process start
+    noted by :func:`mark_launch` (taken once: a second run in the process is launched when
+    it asks), else now (a ``train()`` called from Python starts when it is called). A
+    benchmark measures time to a result from it (start-up and compiling included)."""
+    global _launched
+    launched, _launched = _launched, None
+    return time.time() if launched is None else launched

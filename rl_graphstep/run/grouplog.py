@@ -14,7 +14,7 @@ from torch.utils.tensorboard import SummaryWriter
 from rl_graphstep.learners.metrics import MetricSums
 from rl_graphstep.run.aggregate import group_returns
 from rl_graphstep.run.folders import AGGREGATE_DIR, seed_dir_name
-from rl_graphstep.run.logger import EventLog, Logger
+from rl_graphstep.run.logger import LAUNCH_TAG, EventLog, Logger, launch_text
 
 # The aggregate run's tags, from aggregate.group_returns' keys.
 AGGREGATE_TAGS = {key: f"charts/episodic_return_{key}"
@@ -32,6 +32,8 @@ class GroupLogger(EventLog):
         seeds: the group's seeds, in the order of the leading K dimension of every value.
         config_table: markdown written once into each seed's run as ``hyperparameters``.
         purge_step: on resume, events at or after this step from a crashed run are hidden.
+        launched: the Unix time the process was launched, recorded in every run (each seed's
+            and the aggregate; see ``Logger``).
 
     Per-seed metrics are (K,) device tensors: entry k goes into seed k's run. They are summed
     on the device (``sums``, which the learner's update graphs can add into, as a single run's
@@ -39,7 +41,8 @@ class GroupLogger(EventLog):
     """
 
     def __init__(self, group_dir: Path | str, seeds: Sequence[int],
-                 config_table: str | None = None, *, purge_step: int | None = None) -> None:
+                 config_table: str | None = None, *, purge_step: int | None = None,
+                 launched: float | None = None) -> None:
         self.group_dir = Path(group_dir)
         self.seeds = tuple(seeds)
         if len(set(self.seeds)) != len(self.seeds) or not self.seeds:
@@ -47,8 +50,10 @@ class GroupLogger(EventLog):
         self.sums = MetricSums(shape=(len(self.seeds),))
         self._aggregate = SummaryWriter(str(self.group_dir / AGGREGATE_DIR),
                                         purge_step=purge_step)
+        if launched is not None:
+            self._aggregate.add_text(LAUNCH_TAG, launch_text(launched))
         self.runs = [Logger(self.group_dir / seed_dir_name(seed), _seed_table(config_table, seed),
-                            purge_step=purge_step) for seed in self.seeds]
+                            purge_step=purge_step, launched=launched) for seed in self.seeds]
 
     def run_dir(self, index: int) -> Path:
         """The folder of the run of the group's ``index``-th seed."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 from types import TracebackType
@@ -14,6 +15,22 @@ from rl_graphstep.learners.metrics import MetricSums
 from rl_graphstep.settings.config import Config, config_to_dict
 
 _Log = TypeVar("_Log", bound="EventLog")
+
+LAUNCH_TAG = "launch_time"
+"""The text tag under which every event file holds its process's launch (see launch_text):
+``benchmarks/results.py`` times each logged point from it (time to a result)."""
+
+
+def launch_text(launched: float) -> str:
+    """What an event file records of its process's launch: the Unix time, to the µs, first
+    (``read_launch`` reads it back), and the UTC date for a reader."""
+    when = datetime.datetime.fromtimestamp(launched, datetime.timezone.utc)
+    return f"{launched:.6f} (Unix time the process was launched: {when:%Y-%m-%d %H:%M:%S} UTC)"
+
+
+def read_launch(text: str) -> float:
+    """The Unix time in a ``launch_text``."""
+    return float(text.split(maxsplit=1)[0])
 
 
 class EventLog:
@@ -64,6 +81,9 @@ class Logger(EventLog):
         run_dir: folder of this run's event files (created when missing).
         config_table: markdown written once as text under the tag `hyperparameters`.
         purge_step: on resume, events at or after this step from a crashed run are hidden.
+        launched: the Unix time the process was launched, written once as text under the tag
+            ``launch_time`` (see ``launch_text``): each event's wall time less it is the time
+            since launch, start-up included.
 
     `accumulate` (or the learner's update graphs, through `sums`) never syncs with the device;
     `write` syncs once and logs the interval means.
@@ -76,6 +96,7 @@ class Logger(EventLog):
         config_table: str | None = None,
         *,
         purge_step: int | None = None,
+        launched: float | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self._writer = SummaryWriter(str(self.run_dir), purge_step=purge_step)
@@ -84,6 +105,8 @@ class Logger(EventLog):
         self.sums = MetricSums()
         if config_table is not None:
             self._writer.add_text("hyperparameters", config_table)
+        if launched is not None:
+            self._writer.add_text(LAUNCH_TAG, launch_text(launched))
 
     def accumulate(self, values: dict[str, torch.Tensor]) -> None:
         """Add each 0-dim tensor into its key's running sum, on its own device, without a sync."""

@@ -28,14 +28,18 @@ class RunLog:
         self.bar = bar
 
     @classmethod
-    def open(cls, cfg: Config, run_dir: Path, step: int, *, resumed: bool) -> RunLog:
+    def open(cls, cfg: Config, run_dir: Path, step: int, *, resumed: bool,
+             launched: float | None = None) -> RunLog:
         """The logs of ``cfg``'s seeds in ``run_dir`` and a display from ``step``. A resumed
-        run's logs drop what the stopped one logged after its checkpoint (step + 1 on)."""
+        run's logs drop what the stopped one logged after its checkpoint (step + 1 on).
+        ``launched``: the process's launch (Unix time), recorded in every event file."""
         purge_step = step + 1 if resumed else None
         seeds = cfg.seed_list
-        logger = (GroupLogger(run_dir, seeds, to_markdown_table(cfg), purge_step=purge_step)
+        logger = (GroupLogger(run_dir, seeds, to_markdown_table(cfg), purge_step=purge_step,
+                              launched=launched)
                   if len(seeds) > 1 else
-                  Logger(run_dir, to_markdown_table(cfg), purge_step=purge_step))
+                  Logger(run_dir, to_markdown_table(cfg), purge_step=purge_step,
+                         launched=launched))
         # A tqdm bar on a terminal, a periodic line in a file or a pipe (see ProgressDisplay).
         bar = ProgressDisplay(cfg.total_timesteps, step, enabled=cfg.progress,
                               learning_starts=cfg.learning_starts)

@@ -106,10 +106,12 @@ def _moved_and_resumed(cfg: Config, resumed: dict[str, Any] | None, step: int, s
 
 
 def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: NetworkSpec,
-           owned: contextlib.ExitStack, cpus: int | None = None) -> Run:
+           owned: contextlib.ExitStack, cpus: int | None = None, *,
+           launched: float | None = None) -> Run:
     """The run folder (owned until ``owned`` closes), the checkpoint to resume, the plan
     (for ``cpus`` CPUs, see ``plan_run``), the envs, the networks, the learner, the collector
-    and the logs."""
+    and the logs (which record ``launched``, the Unix time the process was launched, where
+    given)."""
     check_algorithm(cfg.algo)  # a Config built in Python: its algo is checked here
     if not cfg.resume:  # a run trained before this check resumes as it trained
         problem = unused_kwargs_problem(cfg, actor=(actor or cfg.actor) is not None,
@@ -194,7 +196,8 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     # A named run started again after one that ended before its first checkpoint: moved
     # once nothing else can stop the start.
     earlier = set_aside_earlier_logs(run_dir) if resumed is None and not by_clock else None
-    log = RunLog.open(cfg, run_dir, progress.global_step, resumed=bool(resumed))
+    log = RunLog.open(cfg, run_dir, progress.global_step, resumed=bool(resumed),
+                      launched=launched)
     first_line = (f"{run_dir}: {cfg.algo.upper()} on {cfg.env_id}, {device}; "
                   f"{buffer.describe()}" + describe_networks(custom)
                   + _moved_and_resumed(cfg, resumed, progress.global_step, len(buffer), changes,
