@@ -59,7 +59,7 @@ class OffPolicyAlgorithm:
     def default_critic(cls, observation_space: gym.spaces.Box, action_space: gym.spaces.Box,
                        cfg: Config) -> nn.Module:
         return EnsembleCritic(observation_space, action_space, cfg.hidden_sizes,
-                              num_critics=cls.num_critics)
+                              num_critics=cls.num_critics, layer_norm=cfg.layer_norm)
 
     # ------------------------------------------------------------------ what a subclass writes
 

@@ -49,14 +49,18 @@ class SAC(OffPolicyAlgorithm):
     @classmethod
     def default_actor(cls, observation_space: gym.spaces.Box, action_space: gym.spaces.Box,
                       cfg: Config) -> nn.Module:
-        return SquashedGaussianActor(observation_space, action_space, cfg.hidden_sizes)
+        return SquashedGaussianActor(observation_space, action_space, cfg.hidden_sizes,
+                                     layer_norm=cfg.layer_norm)
 
     def actor_parameter_groups(self) -> list[dict[str, Any]]:
         """The actor at ``policy_lr`` and, with autotune, the temperature at ``q_lr``
         (CleanRL's)."""
         groups = super().actor_parameter_groups()
         if self.cfg.autotune:
-            groups.append({"params": [self.log_alpha], "lr": self.cfg.q_lr})
+            # Never decayed (--weight-decay): the temperature is no network weight, and
+            # AdamW's decay would pull log(alpha) towards 0, alpha towards 1.
+            groups.append({"params": [self.log_alpha], "lr": self.cfg.q_lr,
+                           "weight_decay": 0.0})
         return groups
 
     @property

@@ -43,7 +43,8 @@ class TD3(OffPolicyAlgorithm):
     @classmethod
     def default_actor(cls, observation_space: gym.spaces.Box, action_space: gym.spaces.Box,
                       cfg: Config) -> nn.Module:
-        return DeterministicActor(observation_space, action_space, cfg.hidden_sizes)
+        return DeterministicActor(observation_space, action_space, cfg.hidden_sizes,
+                                  layer_norm=cfg.layer_norm)
 
     def target_actions(self, next_observations: Tensor) -> Tensor:
         """The target policy's action, smoothed with clipped noise (drawn on the device)."""

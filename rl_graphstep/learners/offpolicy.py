@@ -90,9 +90,14 @@ class OffPolicyLearner:
     def _adam(self, params: Any, **kwargs: Any) -> torch.optim.Adam:
         """Adam as the steps need it: on CUDA capturable (a graph reads its step count from
         the device) and, uncompiled, fused (one kernel instead of a dozen). Compiled, the
-        foreach form is fused by the compiler instead, and measured faster."""
+        foreach form is fused by the compiler instead, and measured faster. With
+        ``--weight-decay`` > 0 it is AdamW with that decoupled decay (a parameter group that
+        sets its own ``weight_decay``, SAC's temperature, keeps it)."""
         capturable = self.device.type == "cuda"
         fused = capturable and not self.plan.compile
+        if self.cfg.weight_decay > 0:
+            return torch.optim.AdamW(params, capturable=capturable, fused=fused or None,
+                                     weight_decay=self.cfg.weight_decay, **kwargs)
         return torch.optim.Adam(params, capturable=capturable, fused=fused or None, **kwargs)
 
     @property

@@ -28,6 +28,7 @@ from typing import Protocol, runtime_checkable
 
 import gymnasium as gym
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rl_graphstep.core.errors import ConfigError
@@ -42,6 +43,7 @@ __all__ = [
     "SACActor",
     "SquashedGaussianActor",
     "StateActionInput",
+    "hidden_blocks",
     "mlp",
 ]
 
@@ -89,14 +91,29 @@ class Critic(Protocol):
         ...
 
 
-def mlp(sizes: Sequence[int], activation: type[nn.Module] = nn.ReLU) -> nn.Sequential:
-    """Linear layers `sizes[0] -> ... -> sizes[-1]` with `activation` between them (not after)."""
+def mlp(sizes: Sequence[int], activation: type[nn.Module] = nn.ReLU, *,
+        layer_norm: bool = False) -> nn.Sequential:
+    """Linear layers `sizes[0] -> ... -> sizes[-1]` with `activation` between them (not after);
+    with `layer_norm`, each hidden Linear is followed by a LayerNorm before its activation
+    (FastSAC's Linear -> LayerNorm -> activation block). Without it, the module names are
+    those of older runs' checkpoints."""
     layers: list[nn.Module] = []
     for i, (fan_in, fan_out) in enumerate(pairwise(sizes)):
         if i > 0:
+            if layer_norm:
+                layers.append(nn.LayerNorm(fan_in))
             layers.append(activation())
         layers.append(nn.Linear(fan_in, fan_out))
     return nn.Sequential(*layers)
+
+
+def hidden_blocks(sizes: Sequence[int], *, layer_norm: bool = False) -> nn.Module:
+    """`sizes[0] -> ... -> sizes[-1]` as Linear -> (LayerNorm) -> ReLU blocks, the last one
+    included: a trunk whose output feeds heads. Identity for a single size."""
+    if len(sizes) < 2:
+        return nn.Identity()
+    return nn.Sequential(*mlp(sizes, layer_norm=layer_norm),
+                         *([nn.LayerNorm(sizes[-1])] if layer_norm else []), nn.ReLU())
 
 
 def _flat_size(space: gym.spaces.Box, what: str) -> int:
@@ -113,6 +130,7 @@ class _DefaultActor(nn.Module):
         action_space: flat Box of the actions; only its size is used, since actions come out
             in [-1, 1] and are scaled onto the bounds outside the network.
         hidden_sizes: widths of the hidden layers.
+        layer_norm: a LayerNorm after each hidden Linear, before its ReLU (``--layer-norm``).
     """
 
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Box) -> None:
@@ -126,10 +144,10 @@ class SquashedGaussianActor(_DefaultActor):
     (arguments as :class:`_DefaultActor`)."""
 
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Box,
-                 hidden_sizes: Sequence[int] = (256, 256)) -> None:
+                 hidden_sizes: Sequence[int] = (256, 256), *, layer_norm: bool = False) -> None:
         super().__init__(observation_space, action_space)
         sizes = [self.observation_size, *hidden_sizes]
-        self.trunk = nn.Sequential(*mlp(sizes), nn.ReLU()) if hidden_sizes else nn.Identity()
+        self.trunk = hidden_blocks(sizes, layer_norm=layer_norm)
         self.mean = nn.Linear(sizes[-1], self.action_size)
         self.log_std = nn.Linear(sizes[-1], self.action_size)
 
@@ -175,13 +193,17 @@ class EnsembleCritic(nn.Module):
 
     Member e's layer l computes `h @ weights[l][e] + biases[l][e]`, like an `nn.Linear` with
     weight `weights[l][e].T`, and is initialised the same way, so the ensemble behaves like
-    separate `nn.Linear` critics while costing one batched matmul per layer.
+    separate `nn.Linear` critics while costing one batched matmul per layer. With
+    `layer_norm`, each hidden layer's output is normalised over its width and scaled and
+    shifted by member e's own `norm_weights[l][e]` / `norm_biases[l][e]` (init 1 and 0)
+    before the ReLU: member e is then an `nn.LayerNorm` MLP with those affine parameters.
 
     Args:
         observation_space: flat Box of the observations.
         action_space: flat Box of the actions.
         hidden_sizes: widths of each member's hidden layers.
         num_critics: ensemble members (2 for SAC's clipped double Q).
+        layer_norm: a LayerNorm after each hidden layer, before its ReLU (``--layer-norm``).
     """
 
     def __init__(
@@ -190,6 +212,8 @@ class EnsembleCritic(nn.Module):
         action_space: gym.spaces.Box,
         hidden_sizes: Sequence[int] = (256, 256),
         num_critics: int = 2,
+        *,
+        layer_norm: bool = False,
     ) -> None:
         super().__init__()
         if num_critics < 1:
@@ -203,6 +227,12 @@ class EnsembleCritic(nn.Module):
         for fan_in, fan_out in pairwise(sizes):
             self.weights.append(nn.Parameter(torch.empty(num_critics, fan_in, fan_out)))
             self.biases.append(nn.Parameter(torch.empty(num_critics, 1, fan_out)))
+        self.layer_norm = bool(layer_norm)
+        if self.layer_norm:  # only then: the parameter names stay those of older checkpoints
+            self.norm_weights = nn.ParameterList(
+                nn.Parameter(torch.ones(num_critics, width)) for width in hidden_sizes)
+            self.norm_biases = nn.ParameterList(
+                nn.Parameter(torch.zeros(num_critics, width)) for width in hidden_sizes)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -213,6 +243,20 @@ class EnsembleCritic(nn.Module):
             bound = 1.0 / math.sqrt(weight.shape[1])
             nn.init.uniform_(weight, -bound, bound)
             nn.init.uniform_(bias, -bound, bound)
+        if self.layer_norm:  # nn.LayerNorm's init
+            for weight, bias in zip(self.norm_weights, self.norm_biases, strict=True):
+                nn.init.ones_(weight)
+                nn.init.zeros_(bias)
+
+    def _normalised(self, h: Tensor, layer: int) -> Tensor:
+        """LayerNorm of ``h`` (E, B, width) over its width with each member's own affine
+        parameters: ``F.layer_norm`` takes one (width,) weight for all rows, so the
+        normalisation runs without it and the (E, 1, width) scale and shift follow."""
+        weight, bias = self.norm_weights[layer], self.norm_biases[layer]
+        # addcmul (one rounding, as in layer_norm's own affine step) rather than * then +:
+        # on the CPU a member then equals nn.LayerNorm to the bit.
+        return torch.addcmul(bias.unsqueeze(-2), F.layer_norm(h, h.shape[-1:]),
+                             weight.unsqueeze(-2))
 
     def forward(self, observations: Tensor, actions: Tensor) -> Tensor:
         """Q values shaped (B, num_critics)."""
@@ -225,6 +269,8 @@ class EnsembleCritic(nn.Module):
             # (the ReLU, or the loss) under torch.compile.
             h = torch.bmm(h, weight) + bias
             if i < last:
+                if self.layer_norm:
+                    h = self._normalised(h, i)
                 h = torch.relu(h)
         return h.squeeze(-1).transpose(0, 1)
 
@@ -267,9 +313,10 @@ class DeterministicActor(_DefaultActor):
     (arguments as :class:`_DefaultActor`)."""
 
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Box,
-                 hidden_sizes: Sequence[int] = (256, 256)) -> None:
+                 hidden_sizes: Sequence[int] = (256, 256), *, layer_norm: bool = False) -> None:
         super().__init__(observation_space, action_space)
-        self.net = mlp([self.observation_size, *hidden_sizes, self.action_size])
+        self.net = mlp([self.observation_size, *hidden_sizes, self.action_size],
+                       layer_norm=layer_norm)
 
     def forward(self, observations: Tensor) -> Tensor:
         """The action (B, A) in [-1, 1]."""

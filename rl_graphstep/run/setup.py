@@ -56,7 +56,7 @@ from rl_graphstep.run.rundir import (
 )
 from rl_graphstep.run.runlog import RunLog
 from rl_graphstep.run.state import Progress, restore_run, resumed_config
-from rl_graphstep.settings.config import Config, unused_kwargs_problem
+from rl_graphstep.settings.config import Config, network_problem
 from rl_graphstep.settings.plan import RunPlan, plan_run
 
 Reporter = Callable[[int, list[list[float]]], None]
@@ -114,8 +114,8 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     given)."""
     check_algorithm(cfg.algo)  # a Config built in Python: its algo is checked here
     if not cfg.resume:  # a run trained before this check resumes as it trained
-        problem = unused_kwargs_problem(cfg, actor=(actor or cfg.actor) is not None,
-                                        critic=(critic or cfg.critic) is not None)
+        problem = network_problem(cfg, actor=(actor or cfg.actor) is not None,
+                                  critic=(critic or cfg.critic) is not None)
         if problem:
             raise ConfigError(problem)
     run_dir = run_dir_of(cfg)

@@ -90,7 +90,8 @@ def resumed_config(cfg: Config, saved: dict[str, Any], run_dir: Path) -> tuple[C
             f"resumed run {display_path(str(run_dir))} ({' '.join(map(str, run.seed_list))}): a "
             "run resumes with its own seeds; build the config with load_config(['--resume', "
             "RUN, ...]), which starts from the run's own")
-    problem = _temperature_problem(cfg, run) or _obs_norm_problem(cfg, run)
+    problem = (_temperature_problem(cfg, run) or _obs_norm_problem(cfg, run)
+               or _layer_norm_problem(cfg, run))
     if problem:
         raise ConfigError(problem)
     cfg = dataclasses.replace(cfg, log_dir=str(run_dir.parent), run_name=run_dir.name)
@@ -125,6 +126,16 @@ def _obs_norm_problem(cfg: Config, run: Config) -> str | None:
     given, own = (("--obs-norm", "trained on raw observations") if cfg.obs_norm
                   else ("--no-obs-norm", "trained on normalised observations (--obs-norm)"))
     return f"{given} does not match: the resumed run {own}; drop {given}"
+
+
+def _layer_norm_problem(cfg: Config, run: Config) -> str | None:
+    """Why a resumed run cannot take ``cfg``'s ``--layer-norm``, or None: it decides the
+    networks' layers, which the checkpoint's weights fill."""
+    if cfg.layer_norm == run.layer_norm:
+        return None
+    given, own = (("--layer-norm", "networks have no LayerNorm") if cfg.layer_norm
+                  else ("--no-layer-norm", "networks have LayerNorms (--layer-norm)"))
+    return f"{given} does not match: the resumed run's {own}; drop {given}"
 
 
 def _shown(value: Any) -> str:

@@ -39,8 +39,8 @@ from rl_graphstep.settings.config import (
     Config,
     coerce_mapping,
     field_default,
+    network_problem,
     plain_value,
-    unused_kwargs_problem,
     value_problem,
 )
 from rl_graphstep.settings.configfile import read_config_file, read_yaml_mapping
@@ -275,8 +275,8 @@ def check_trials(spec: SweepSpec) -> None:
     before Ray starts rather than a trial that fails, and is retried, in it."""
     for params in checked_points(spec):
         cfg = trial_config(spec, params, log_dir="runs", run_name="check")
-        problem = unused_kwargs_problem(cfg, actor=cfg.actor is not None,
-                                        critic=cfg.critic is not None)
+        problem = network_problem(cfg, actor=cfg.actor is not None,
+                                  critic=cfg.critic is not None)
         if problem:
             raise ConfigError(f"{problem} (in {trial_source(spec, params)})")
 

@@ -115,10 +115,15 @@ def test_a_non_finite_update_leaves_parameters_and_state_as_they_were() -> None:
     assert (guard.skipped.item(), guard.consecutive.item()) == (0, 0)
 
 
+@pytest.mark.parametrize("adam", [
+    lambda parameters: torch.optim.Adam(parameters, lr=0.1),
+    lambda parameters: torch.optim.AdamW(parameters, lr=0.1, weight_decay=0.1),
+], ids=["adam", "adamw"])
 def test_traced_one_run_skips_a_bad_update_in_the_masked_adam_step(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        adam, monkeypatch: pytest.MonkeyPatch) -> None:
     """Traced as a GPU run compiles it: the masked step skips the NaN update itself (no
-    backup, no restore), and the run learns on afterwards."""
+    backup, no restore), and the run learns on afterwards (AdamW's weight decay, of
+    --weight-decay, skipped with the rest)."""
     real, calls = torch.compile, []
     monkeypatch.setattr(torch, "compile",
                         lambda function, **kwargs: real(function, **{**kwargs, "backend": "eager"}))
@@ -127,7 +132,7 @@ def test_traced_one_run_skips_a_bad_update_in_the_masked_adam_step(
     monkeypatch.setattr(guards.NonFiniteGuard, "after_step", lambda *args: calls.append("undo"))
     torch._dynamo.reset()
     module = mlp()
-    optimizer = torch.optim.Adam(module.parameters(), lr=0.1)
+    optimizer = adam(module.parameters())
     body = UpdateBody(module, optimizer, mse, clip_grad_norm(module.parameters(), 1.0),
                       NonFiniteGuard(optimizer, torch.device("cpu")), compile=True)
     inputs, targets = batch()

@@ -139,11 +139,17 @@ def test_one_run_steps_whole_or_not_at_all() -> None:
     (lambda ps: torch.optim.Adam(ps), True),
     (lambda ps: torch.optim.Adam(ps, amsgrad=True), False),
     (lambda ps: torch.optim.Adam(ps, weight_decay=0.01), False),
+    (lambda ps: torch.optim.Adam(ps, weight_decay=0.01, decoupled_weight_decay=True), True),
     (lambda ps: torch.optim.Adam(ps, maximize=True), False),
-    (lambda ps: torch.optim.AdamW(ps), False),
+    (lambda ps: torch.optim.AdamW(ps), True),
+    (lambda ps: torch.optim.AdamW(ps, weight_decay=0.0), True),
+    (lambda ps: torch.optim.AdamW(ps, amsgrad=True), False),
     (lambda ps: torch.optim.SGD(ps, lr=0.1), False),
-], ids=["adam", "amsgrad", "weight-decay", "maximize", "adamw", "sgd"])
-def test_only_plain_adam_steps_masked(make, expected: bool) -> None:
+], ids=["adam", "amsgrad", "l2-weight-decay", "decoupled-weight-decay", "maximize", "adamw",
+        "adamw-no-decay", "adamw-amsgrad", "sgd"])
+def test_only_adam_and_adamw_step_masked(make, expected: bool) -> None:
+    """Adam's L2 decay (added to the gradient) is not what the masked step computes; AdamW's
+    decoupled one is."""
     assert supports_masked_step(make(stacked())) is expected
 
 
@@ -155,3 +161,111 @@ def test_a_device_adam_steps_masked_only_with_its_step_counts_on_the_device(
     parameters = [torch.nn.Parameter(torch.empty(SEEDS, 5, device="meta"))]
     optimizer = torch.optim.Adam(parameters, capturable=capturable, foreach=False)
     assert supports_masked_step(optimizer) is expected
+
+
+def adamw(parameters: list[torch.nn.Parameter], weight_decay: float = 0.1) -> torch.optim.AdamW:
+    """AdamW with two groups, the second undecayed (as SAC's temperature is), and the state
+    a first eager step leaves."""
+    optimizer = torch.optim.AdamW([{"params": parameters[:1]},
+                                   {"params": parameters[1:], "weight_decay": 0.0}],
+                                  lr=0.01, weight_decay=weight_decay, foreach=False)
+    for parameter in parameters:
+        optimizer.state[parameter] = {"step": torch.tensor(0.0),
+                                      "exp_avg": torch.zeros_like(parameter),
+                                      "exp_avg_sq": torch.zeros_like(parameter)}
+    return optimizer
+
+
+def test_a_first_adamw_step_by_hand_and_as_torchs() -> None:
+    """One step from zero moments: m = (1 - b1) g, v = (1 - b2) g^2, so m / (1 - b1) = g and
+    sqrt(v / (1 - b2)) = |g|, and p' = p (1 - lr wd) - lr sign(g) (eps aside)."""
+    start = torch.tensor([[2.0, -1.0], [0.5, 4.0]]), torch.tensor([3.0, -2.0])
+    gradients = torch.tensor([[0.5, -0.25], [1.0, 2.0]]), torch.tensor([-1.0, 0.5])
+    ours = [torch.nn.Parameter(t.clone()) for t in start]
+    torchs = [torch.nn.Parameter(t.clone()) for t in start]
+    masked = adamw(ours, weight_decay=0.1)
+    reference = torch.optim.AdamW([{"params": torchs[:1]},
+                                   {"params": torchs[1:], "weight_decay": 0.0}],
+                                  lr=0.01, weight_decay=0.1, foreach=False)
+    for parameters in (ours, torchs):
+        for parameter, gradient in zip(parameters, gradients, strict=True):
+            parameter.grad = gradient.clone()
+    masked_adam_step(masked, torch.tensor(1.0))
+    reference.step()
+    # 2 * 0.999 - 0.01, -1 * 0.999 + 0.01, 0.5 * 0.999 - 0.01, 4 * 0.999 - 0.01
+    torch.testing.assert_close(ours[0].detach(), torch.tensor([[1.988, -0.989], [0.4895, 3.986]]),
+                               rtol=0, atol=1e-6)
+    # The undecayed group (SAC's temperature's): Adam's step alone.
+    torch.testing.assert_close(ours[1].detach(), torch.tensor([3.01, -2.01]), rtol=0, atol=1e-6)
+    for a, b in zip(ours, torchs, strict=True):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=0, atol=1e-6)
+
+
+def run_adamw(keeps: list[list[float]], *, masked: bool) -> tuple[list[torch.Tensor],
+                                                                    torch.optim.AdamW]:
+    parameters = stacked()
+    optimizer = adamw(parameters)
+    for update, keep in enumerate(keeps):
+        for parameter, grad in zip(parameters, grads(update), strict=True):
+            parameter.grad = grad.clone()
+        if masked:
+            masked_adam_step(optimizer, torch.tensor(keep))
+        else:
+            optimizer.step()
+    return [p.detach().clone() for p in parameters], optimizer
+
+
+def test_every_seed_kept_is_torchs_adamw() -> None:
+    ones = [[1.0] * SEEDS] * 5
+    masked, masked_optimizer = run_adamw(ones, masked=True)
+    torchs, torch_optimizer = run_adamw(ones, masked=False)
+    plain, _ = run(ones, masked=False)
+    for a, b in zip(masked, torchs, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+    # The decayed group moved away from Adam's result, the undecayed one did not.
+    assert (masked[0] - plain[0]).abs().max() > 1e-4
+    torch.testing.assert_close(masked[1], plain[1], rtol=0, atol=1e-6)
+    for p, q in zip(masked_optimizer.state, torch_optimizer.state, strict=True):
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(masked_optimizer.state[p][key],
+                                       torch_optimizer.state[q][key], rtol=0, atol=1e-6)
+
+
+def test_a_skipped_adamw_seed_keeps_its_parameters_and_moments() -> None:
+    """The decay is part of the skipped step: a skipped seed does not even shrink."""
+    ones = [[1.0] * SEEDS] * 3
+    skips = [[1.0] * SEEDS, [1.0, 0.0, 1.0], [1.0, 0.0, 1.0]]
+    clean, clean_optimizer = run_adamw(ones, masked=True)
+    first, first_optimizer = run_adamw(skips[:1], masked=True)
+    skipped, skipped_optimizer = run_adamw(skips, masked=True)
+    for k in (0, 2):
+        for a, b in zip(adamw_slices(clean, clean_optimizer, k),
+                        adamw_slices(skipped, skipped_optimizer, k), strict=True):
+            assert torch.equal(a, b)
+    for a, b in zip(adamw_slices(first, first_optimizer, 1),
+                    adamw_slices(skipped, skipped_optimizer, 1), strict=True):
+        assert torch.equal(a, b)
+
+
+def adamw_slices(parameters: list[torch.Tensor], optimizer: torch.optim.AdamW, k: int
+                 ) -> list[torch.Tensor]:
+    """Seed k's parameters and moments, over both groups."""
+    live = [p for group in optimizer.param_groups for p in group["params"]]
+    return [t[k] for p, q in zip(parameters, live, strict=True)
+            for t in (p, optimizer.state[q]["exp_avg"], optimizer.state[q]["exp_avg_sq"])]
+
+
+def test_a_skipped_adamw_step_of_one_run_changes_nothing() -> None:
+    weight = torch.nn.Parameter(torch.tensor([[2.0, -1.0], [0.5, 4.0]]))
+    bias = torch.nn.Parameter(torch.tensor([3.0, -2.0]))
+    optimizer = adamw([weight, bias])
+    for parameter in (weight, bias):
+        parameter.grad = torch.full_like(parameter, 0.3)
+    masked_adam_step(optimizer, torch.tensor(1.0))
+    before = [t.clone() for p in (weight, bias)
+              for t in (p.detach(), *optimizer.state[p].values())]
+    for parameter in (weight, bias):
+        parameter.grad = torch.full_like(parameter, float("nan"))
+    masked_adam_step(optimizer, torch.tensor(0.0))
+    after = [t for p in (weight, bias) for t in (p.detach(), *optimizer.state[p].values())]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))

@@ -320,6 +320,80 @@ def test_adam_is_fused_and_capturable_only_on_cuda() -> None:
 
 
 
+def test_weight_decay_makes_adamw_which_spares_the_temperature() -> None:
+    plain = OffPolicyLearner(make(), buffer_of(ROWS), Config(), cpu_plan())
+    assert type(plain.critic_optimizer) is torch.optim.Adam
+    assert type(plain.actor_optimizer) is torch.optim.Adam
+    sac = make(weight_decay=0.01)
+    learner = OffPolicyLearner(sac, buffer_of(ROWS), sac.cfg, cpu_plan())
+    assert type(learner.critic_optimizer) is torch.optim.AdamW
+    assert type(learner.actor_optimizer) is torch.optim.AdamW
+    assert [g["weight_decay"] for g in learner.critic_optimizer.param_groups] == [0.01]
+    # The actor decayed; SAC's temperature, its second group, not.
+    assert [g["weight_decay"] for g in learner.actor_optimizer.param_groups] == [0.01, 0.0]
+    assert learner.actor_optimizer.param_groups[1]["params"] == [sac.log_alpha]
+    td3 = make(TD3, weight_decay=0.01)
+    learner = OffPolicyLearner(td3, buffer_of(ROWS), td3.cfg, cpu_plan())
+    assert [g["weight_decay"] for g in learner.actor_optimizer.param_groups] == [0.01]
+
+
+def test_a_weight_decayed_update_shrinks_the_weights_by_lr_times_decay() -> None:
+    """AdamW's step is Adam's from weights first scaled by 1 - lr * wd: from the same
+    weights and the same sample, the two first critic steps differ by exactly
+    lr * wd * weight (the moments see the same gradient)."""
+    results = {}
+    for decay in (0.0, 0.5):
+        sac = make(weight_decay=decay, q_lr=0.01, policy_frequency=2)
+        learner = built_learner(sac, buffer_of(ROWS))
+        before = sac.critic.c.detach().clone()  # (1, 2)
+        torch.manual_seed(0)
+        learner.update()
+        results[decay] = sac.critic.c.detach().clone()
+    torch.testing.assert_close(results[0.0] - results[0.5], 0.01 * 0.5 * before,
+                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(results[0.0] - results[0.5], torch.tensor([0.005, 0.01]),
+                               rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize(("saved", "resumed"), [(0.01, 0.1), (0.0, 0.1), (0.1, 0.0)])
+def test_a_resume_applies_its_own_weight_decay_with_the_checkpoints_moments(
+        saved: float, resumed: float) -> None:
+    """The config's optimizer settings win over the checkpoint's (its moments and step
+    counts are the run's), also between Adam and AdamW."""
+    buffer = counting_buffer()
+    algorithm = make(batch_size=4, weight_decay=saved)
+    learner = built_learner(algorithm, buffer)
+    for _ in range(3):
+        learner.update()
+    state = copy.deepcopy(learner.state_dict())
+    again = make(batch_size=4, weight_decay=resumed)
+    loaded = OffPolicyLearner(again, buffer, again.cfg, cpu_plan())
+    loaded.load_state_dict(copy.deepcopy(state))  # a loaded optimizer shares its tensors
+    assert [g["weight_decay"] for g in loaded.critic_optimizer.param_groups] == [resumed]
+    assert [g["weight_decay"] for g in loaded.actor_optimizer.param_groups] == [resumed, 0.0]
+    for name in ("critic_optimizer", "actor_optimizer"):
+        optimizer = getattr(loaded, name)
+        moments = [optimizer.state[p] for g in optimizer.param_groups for p in g["params"]]
+        saved_moments = [state[name]["state"][i] for i in range(len(moments))]
+        for ours, theirs in zip(moments, saved_moments, strict=True):
+            assert all(torch.equal(ours[key], theirs[key])
+                       for key in ("step", "exp_avg", "exp_avg_sq"))
+    loaded.build(MetricSums())
+    before = again.critic.c.detach().clone()
+    torch.manual_seed(5)
+    loaded.update()
+    # The next step decays by the resumed value: against the same learner resumed without
+    # decay, the weights differ by lr * wd * weight.
+    undecayed = make(batch_size=4, weight_decay=0.0)
+    reference = OffPolicyLearner(undecayed, buffer, undecayed.cfg, cpu_plan())
+    reference.load_state_dict(state)
+    reference.build(MetricSums())
+    torch.manual_seed(5)
+    reference.update()
+    torch.testing.assert_close(undecayed.critic.c - again.critic.c,
+                               again.cfg.q_lr * resumed * before, rtol=0, atol=1e-7)
+
+
 def test_the_steps_learn_from_normalised_observations() -> None:
     """--obs-norm on the CPU: each update's batch reaches the steps normalised by the
     statistics as they are at that update; the buffer keeps its rows raw."""

@@ -8,6 +8,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from rl_graphstep.algorithms.sac import SAC
@@ -22,6 +23,7 @@ from rl_graphstep.networks.builtin import (
     SACActor,
     SquashedGaussianActor,
     StateActionInput,
+    hidden_blocks,
     mlp,
 )
 from rl_graphstep.settings.config import Config
@@ -355,3 +357,124 @@ def test_deterministic_actor_without_hidden_layers_and_rejects_image_spaces() ->
     image = gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)
     with pytest.raises(ConfigError, match="flat"):
         DeterministicActor(image, ACT_SPACE)
+
+
+# --------------------------------------------------------------------------------------------
+# --layer-norm: Linear -> LayerNorm -> ReLU in every hidden block
+# --------------------------------------------------------------------------------------------
+
+
+def n_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def test_mlp_with_layer_norm_puts_one_after_each_hidden_linear() -> None:
+    kinds = [type(layer) for layer in mlp([4, 8, 6, 2], layer_norm=True)]
+    assert kinds == [nn.Linear, nn.LayerNorm, nn.ReLU, nn.Linear, nn.LayerNorm, nn.ReLU,
+                     nn.Linear]
+    norms = [m for m in mlp([4, 8, 6, 2], layer_norm=True) if isinstance(m, nn.LayerNorm)]
+    assert [m.normalized_shape for m in norms] == [(8,), (6,)]
+    assert [type(m) for m in hidden_blocks([4, 8], layer_norm=True)] == [
+        nn.Linear, nn.LayerNorm, nn.ReLU]
+    assert [type(m) for m in hidden_blocks([4, 8])] == [nn.Linear, nn.ReLU]
+
+
+def test_actors_with_layer_norm_structure_and_parameter_counts() -> None:
+    plain = SquashedGaussianActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(32, 16))
+    normed = SquashedGaussianActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(32, 16), layer_norm=True)
+    assert [type(m) for m in normed.trunk] == [nn.Linear, nn.LayerNorm, nn.ReLU, nn.Linear,
+                                               nn.LayerNorm, nn.ReLU]
+    # Linears: 5*32+32 + 32*16+16 + two heads 2*(16*3+3) = 192 + 528 + 102 = 822;
+    # LayerNorms: 2*32 + 2*16 = 96.
+    assert n_parameters(plain) == 822 and n_parameters(normed) == 822 + 96
+    # Off: the module names of older checkpoints.
+    assert list(plain.state_dict()) == ["trunk.0.weight", "trunk.0.bias", "trunk.2.weight",
+                                        "trunk.2.bias", "mean.weight", "mean.bias",
+                                        "log_std.weight", "log_std.bias"]
+    plain_td3 = DeterministicActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(32, 16))
+    normed_td3 = DeterministicActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(32, 16), layer_norm=True)
+    assert [type(m) for m in normed_td3.net] == [nn.Linear, nn.LayerNorm, nn.ReLU, nn.Linear,
+                                                 nn.LayerNorm, nn.ReLU, nn.Linear]
+    # 192 + 528 + 16*3+3 = 771; LayerNorms 96.
+    assert n_parameters(plain_td3) == 771 and n_parameters(normed_td3) == 771 + 96
+
+
+def test_ensemble_critic_with_layer_norm_parameter_counts_and_init() -> None:
+    plain = EnsembleCritic(OBS_SPACE, ACT_SPACE, hidden_sizes=(32, 16), num_critics=3)
+    normed = EnsembleCritic(OBS_SPACE, ACT_SPACE, hidden_sizes=(32, 16), num_critics=3,
+                            layer_norm=True)
+    # Per member: 8*32+32 + 32*16+16 + 16+1 = 833; LayerNorms 2*(32+16) = 96.
+    assert n_parameters(plain) == 3 * 833 and n_parameters(normed) == 3 * (833 + 96)
+    assert [tuple(w.shape) for w in normed.norm_weights] == [(3, 32), (3, 16)]
+    assert [tuple(b.shape) for b in normed.norm_biases] == [(3, 32), (3, 16)]
+    assert all(torch.equal(w, torch.ones_like(w)) for w in normed.norm_weights)
+    assert all(torch.equal(b, torch.zeros_like(b)) for b in normed.norm_biases)
+    assert not hasattr(plain, "norm_weights")
+    assert {k for k in plain.state_dict() if "norm" in k} == set()
+
+
+def test_layer_norm_of_a_fixed_input_is_f_layer_norm_and_the_hand_value() -> None:
+    """[1, 2, 3, 4]: mean 2.5, variance 1.25, so (x - 2.5) / sqrt(1.25 + 1e-5), then each
+    member's scale and shift."""
+    critic = EnsembleCritic(OBS_SPACE, ACT_SPACE, hidden_sizes=(4,), num_critics=2,
+                            layer_norm=True)
+    with torch.no_grad():
+        critic.norm_weights[0].copy_(torch.tensor([[1.0, 1, 1, 1], [2.0, 0.5, -1, 3]]))
+        critic.norm_biases[0].copy_(torch.tensor([[0.0, 0, 0, 0], [1.0, -1, 0, 0.5]]))
+    h = torch.tensor([1.0, 2.0, 3.0, 4.0]).expand(2, 3, 4)  # (E, B, width)
+    out = critic._normalised(h, 0)
+    normal = (torch.tensor([1.0, 2.0, 3.0, 4.0]) - 2.5) / math.sqrt(1.25 + 1e-5)
+    torch.testing.assert_close(out[0], normal.expand(3, 4))
+    torch.testing.assert_close(out[1], (normal * torch.tensor([2.0, 0.5, -1, 3])
+                                        + torch.tensor([1.0, -1, 0, 0.5])).expand(3, 4))
+    for e in range(2):
+        assert torch.equal(out[e], F.layer_norm(h[e], (4,), critic.norm_weights[0][e],
+                                                critic.norm_biases[0][e]))
+    actor = SquashedGaussianActor(OBS_SPACE, ACT_SPACE, hidden_sizes=(4,), layer_norm=True)
+    assert torch.equal(actor.trunk[1](h[0]), F.layer_norm(h[0], (4,)))
+
+
+def member_as_sequential(critic: EnsembleCritic, e: int) -> nn.Sequential:
+    """Member e of ``critic`` as a plain Linear -> LayerNorm -> ReLU MLP with its slices."""
+    layers: list[nn.Module] = []
+    last = len(critic.weights) - 1
+    with torch.no_grad():
+        for i, (weight, bias) in enumerate(zip(critic.weights, critic.biases, strict=True)):
+            linear = nn.Linear(weight.shape[1], weight.shape[2])
+            linear.weight.copy_(weight[e].T)
+            linear.bias.copy_(bias[e, 0])
+            layers.append(linear)
+            if i < last:
+                norm = nn.LayerNorm(weight.shape[2])
+                norm.weight.copy_(critic.norm_weights[i][e])
+                norm.bias.copy_(critic.norm_biases[i][e])
+                layers += [norm, nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def test_each_layer_norm_ensemble_member_is_a_plain_layer_norm_mlp() -> None:
+    """Through the hidden layers to the bit; the last (width -> 1) layer is a batched matmul
+    against nn.Linear's matrix-vector product, which sum in another order (the same holds
+    without LayerNorm), so the Q values are compared to rounding, and the hidden features
+    exactly, through a head that picks one feature at a time."""
+    critic = EnsembleCritic(OBS_SPACE, ACT_SPACE, hidden_sizes=(32, 16), num_critics=3,
+                            layer_norm=True)
+    with torch.no_grad():  # affine parameters away from their init, different per member
+        for weight, bias in zip(critic.norm_weights, critic.norm_biases, strict=True):
+            weight.normal_()
+            bias.normal_()
+    obs, act = torch.randn(20, 5), torch.randn(20, 3)
+    inputs = torch.cat([obs, act], 1)
+    q = critic(obs, act)
+    references = [member_as_sequential(critic, e) for e in range(3)]
+    for e, reference in enumerate(references):
+        torch.testing.assert_close(q[:, e], reference(inputs)[:, 0], rtol=1e-6, atol=1e-6)
+    head_weight, head_bias = critic.weights[-1], critic.biases[-1]
+    with torch.no_grad():
+        head_bias.zero_()
+        for j in range(16):
+            head_weight.zero_()
+            head_weight[:, j, 0] = 1.0
+            picked = critic(obs, act)
+            for e, reference in enumerate(references):
+                assert torch.equal(picked[:, e], reference[:-1](inputs)[:, j])

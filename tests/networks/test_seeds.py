@@ -209,6 +209,26 @@ def test_the_example_networks_batch(spec: str) -> None:
         torch.testing.assert_close(stack(*inputs), per_member(nets, "__call__", *inputs))
 
 
+def test_layer_norm_networks_outputs_match_each_members() -> None:
+    """--layer-norm's networks under vmap: the critic's per-member affine parameters and the
+    actors' nn.LayerNorms, (K, ...) each, give each seed its own network's outputs."""
+    critics = members(EnsembleCritic, num_critics=2, layer_norm=True)
+    with torch.no_grad():  # each seed's LayerNorm parameters its own
+        for critic in critics:
+            for weight in critic.norm_weights:
+                weight.uniform_(0.5, 1.5)
+    stack = SeedStack(critics)
+    assert tuple(stack.stacked.norm_weights[0].shape) == (K, 2, 16)
+    obs, act = observations(), actions()
+    torch.testing.assert_close(stack(obs, act), per_member(critics, "__call__", obs, act))
+    actors = members(SquashedGaussianActor, layer_norm=True)
+    torch.testing.assert_close(SeedStack(actors).mean_and_log_std(obs),
+                               per_member(actors, "mean_and_log_std", obs))
+    deterministic = members(DeterministicActor, layer_norm=True)
+    torch.testing.assert_close(SeedStack(deterministic)(obs),
+                               per_member(deterministic, "__call__", obs))
+
+
 def test_deterministic_actor_outputs_match_each_members_forward() -> None:
     nets = members(DeterministicActor)
     stack = SeedStack(nets)
@@ -376,9 +396,12 @@ def test_a_deep_copied_stack_is_a_target_network_polyak_averages() -> None:
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("layer_norm", [[], ["--layer-norm"]], ids=["plain", "layer-norm"])
 @pytest.mark.parametrize("algo", ["sac", "td3"])
-def test_each_seed_is_the_network_a_single_run_of_that_seed_builds(algo: str) -> None:
-    cfg = load_config(["--env", "Pendulum-v1", "--algo", algo, "--hidden-sizes", "16", "16"])
+def test_each_seed_is_the_network_a_single_run_of_that_seed_builds(
+        algo: str, layer_norm: list[str]) -> None:
+    cfg = load_config(["--env", "Pendulum-v1", "--algo", algo, "--hidden-sizes", "16", "16",
+                       *layer_norm])
     algorithm = ALGORITHMS[algo]
 
     def build_pair(seed: int) -> tuple[nn.Module, nn.Module]:

@@ -477,6 +477,31 @@ def test_keyword_arguments_for_a_default_network_are_one_line(
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize(("custom", "which"), [
+    (["--actor", "examples.residual_actor:ResidualActor"], "--actor is a custom one"),
+    (["--critic", "examples.layernorm_critic:LayerNormCritic"], "--critic is a custom one"),
+    (["--actor", "examples.residual_actor:ResidualActor",
+      "--critic", "examples.layernorm_critic:LayerNormCritic"],
+     "--actor and --critic are custom ones"),
+], ids=["actor", "critic", "both"])
+def test_layer_norm_with_a_custom_network_is_one_line(
+        custom: list[str], which: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--layer-norm changes the built-in networks; a custom one would silently train without."""
+    assert main(small(tmp_path, "ln", "--layer-norm", *custom)) == 2
+    assert one_error_line(capsys) == (
+        f"error: --layer-norm is for the built-in networks, but {which}, whose layers are its "
+        "own: put LayerNorm into the custom network, or drop --layer-norm")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_layer_norm_with_a_network_given_to_train_is_refused(tmp_path: Path) -> None:
+    cfg = load_config(small(tmp_path, "py", "--layer-norm"))
+    with pytest.raises(ConfigError, match=r"^--layer-norm is for the built-in networks, but "
+                       r"--critic is a custom one"):
+        train(cfg, critic=LayerNormCritic)
+
+
 def test_keyword_arguments_for_a_network_given_to_train_are_its_own(tmp_path: Path) -> None:
     cfg = load_config(small(tmp_path, "py", "--total-timesteps", "110",
                             "--critic-kwargs", "{hidden_sizes: [16]}"))

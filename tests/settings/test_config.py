@@ -90,6 +90,10 @@ def test_new_field_defaults() -> None:
     assert (cfg.actor, cfg.critic, cfg.actor_kwargs, cfg.critic_kwargs) == (None, None, {}, {})
     # Each Config gets its own dict.
     assert Config().actor_kwargs is not cfg.actor_kwargs
+    # Plain MLPs and Adam, as CleanRL's.
+    assert (cfg.layer_norm, cfg.weight_decay) == (False, 0.0)
+    flagged = load_config(["--layer-norm", "--weight-decay", "0.01"])
+    assert (flagged.layer_norm, flagged.weight_decay) == (True, 0.01)
 
 
 def test_negative_noise_in_yaml_names_the_file(tmp_path: Path) -> None:
@@ -208,6 +212,8 @@ def test_settings_import_no_algorithm_and_the_command_line_lists_the_names() -> 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--updates-per-step", "0"], "--updates-per-step must be a positive int, got 0"),
     (["--compile", "maybe"], "--compile must be one of auto, on, off, got 'maybe'"),
+    (["--weight-decay", "-0.1"], r"^--weight-decay must be a finite number >= 0, got -0.1$"),
+    (["--weight-decay", "inf"], r"^--weight-decay must be a finite number >= 0, got inf$"),
 ])
 def test_new_flags_are_checked(argv: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
