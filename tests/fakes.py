@@ -113,6 +113,22 @@ def assert_same_learning_state(actual: OffPolicyLearner, expected: OffPolicyLear
         torch.testing.assert_close(mine[name], part, rtol=rtol, atol=atol, msg=name)
 
 
+def assert_same_state(a: object, b: object, path: str = "") -> None:
+    """Bitwise equality of nested dicts/lists of tensors and numbers."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            assert_same_state(a[key], b[key], f"{path}/{key}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_state(x, y, f"{path}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), path
+    else:
+        assert a == b, path
+
+
 class PoisonedPendulum(gym.Wrapper):
     """Pendulum whose reward (``part="reward"``) or first observation entry
     (``part="observation"``) is ``value`` on every ``every``-th step, counted across episodes.

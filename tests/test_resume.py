@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fakes import assert_same_state
 from processtools import Children, run
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -34,22 +35,6 @@ ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--env", "Pendulum-v1", "--device", "cpu", "--learning-starts", "200",
          "--batch-size", "32", "--hidden-sizes", "32", "32", "--buffer-size", "5000",
          "--log-interval", "100", "--no-progress", "--save-buffer", "--seed", "3"]
-
-
-def assert_same_state(a: object, b: object, path: str = "") -> None:
-    """Bitwise equality of nested dicts/lists of tensors and numbers."""
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for key in a:
-            assert_same_state(a[key], b[key], f"{path}/{key}")
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_same_state(x, y, f"{path}[{i}]")
-    elif isinstance(a, torch.Tensor):
-        assert torch.equal(a, b), path
-    else:
-        assert a == b, path
 
 
 @pytest.mark.parametrize("algo", ["sac", "td3"])

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fakes import assert_same_state
 from torch import nn
 
 from rl_graphstep.evaluate import evaluate
@@ -21,22 +22,6 @@ ARGS = ["--env", "Pendulum-v1", "--device", "cpu", "--learning-starts", "200",
         "--batch-size", "32", "--hidden-sizes", "16", "16", "--buffer-size", "5000",
         "--log-interval", "100", "--no-progress", "--save-buffer", "--seed", "3",
         "--layer-norm", "--weight-decay", "0.01"]
-
-
-def assert_same_state(a: object, b: object, path: str = "") -> None:
-    """Bitwise equality of nested dicts/lists of tensors and numbers."""
-    if isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for key in a:
-            assert_same_state(a[key], b[key], f"{path}/{key}")
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            assert_same_state(x, y, f"{path}[{i}]")
-    elif isinstance(a, torch.Tensor):
-        assert torch.equal(a, b), path
-    else:
-        assert a == b, path
 
 
 @pytest.mark.parametrize(("algo", "seeds"), [("sac", 1), ("td3", 2)])
