@@ -3,6 +3,8 @@ all for the skipped ones."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
@@ -33,9 +35,12 @@ def adam(parameters: list[torch.nn.Parameter]) -> torch.optim.Adam:
     return optimizer
 
 
-def run(keeps: list[list[float]], *, masked: bool) -> tuple[list[torch.Tensor], torch.optim.Adam]:
+def run(keeps: list[list[float]], *, masked: bool, make: Callable[..., torch.optim.Optimizer]
+        | None = None) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
+    """``keeps``' updates of the stacked parameters, by ``make``'s optimizer (Adam when None),
+    through the masked step or the optimizer's own."""
     parameters = stacked()
-    optimizer = adam(parameters)
+    optimizer = (make or adam)(parameters)
     for update, keep in enumerate(keeps):
         for parameter, grad in zip(parameters, grads(update), strict=True):
             parameter.grad = grad.clone()
@@ -201,18 +206,9 @@ def test_a_first_adamw_step_by_hand_and_as_torchs() -> None:
         torch.testing.assert_close(a.detach(), b.detach(), rtol=0, atol=1e-6)
 
 
-def run_adamw(keeps: list[list[float]], *, masked: bool) -> tuple[list[torch.Tensor],
-                                                                    torch.optim.AdamW]:
-    parameters = stacked()
-    optimizer = adamw(parameters)
-    for update, keep in enumerate(keeps):
-        for parameter, grad in zip(parameters, grads(update), strict=True):
-            parameter.grad = grad.clone()
-        if masked:
-            masked_adam_step(optimizer, torch.tensor(keep))
-        else:
-            optimizer.step()
-    return [p.detach().clone() for p in parameters], optimizer
+def run_adamw(keeps: list[list[float]], *, masked: bool
+              ) -> tuple[list[torch.Tensor], torch.optim.Optimizer]:
+    return run(keeps, masked=masked, make=adamw)
 
 
 def test_every_seed_kept_is_torchs_adamw() -> None:
