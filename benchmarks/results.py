@@ -269,9 +269,10 @@ def write_results(results_dir: Path, groups: Sequence[GroupResult]) -> list[Path
                     writer.writerow([curve.seed, int(step), f"{value:.2f}",
                                      *([f"{curve.seconds[i]:.2f}"] if timed else [])])
         written.append(path)
+        # wall_s as precise as the episodes' seconds: rounded alike, none is past it.
         rows[group.key] = {"env_id": group.env_id, "algo": group.algo,
                            "seeds": " ".join(map(str, group.seeds)), "steps": group.steps,
-                           "wall_s": f"{group.wall_s:.1f}",
+                           "wall_s": f"{group.wall_s:.2f}",
                            "env_steps_per_s": f"{group.env_steps_per_s:.0f}",
                            **{name: "" if value is None else value
                               for name, value in group.settings.items()},
