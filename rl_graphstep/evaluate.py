@@ -52,9 +52,10 @@ from rl_graphstep.run.evaluation import (
 from rl_graphstep.run.folders import group_seed_folder
 from rl_graphstep.run.netspec import run_relative
 from rl_graphstep.run.rundir import check_writable_folder
-from rl_graphstep.settings.config import SEED_MAX, Config, config_from_dict, saved_config_values
+from rl_graphstep.settings.config import Config, config_from_dict, saved_config_values
 from rl_graphstep.settings.fieldtypes import user_path
 from rl_graphstep.settings.plan import resolve_device
+from rl_graphstep.settings.seedgroup import SEED_MAX
 
 __all__ = ["EvaluationResult", "GroupEvaluation", "evaluate", "main"]
 

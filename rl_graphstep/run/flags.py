@@ -18,15 +18,11 @@ from rl_graphstep.core.errors import ConfigError, display_path, type_name
 from rl_graphstep.run.checkpoint import find_checkpoint, load_checkpoint, run_folder_of
 from rl_graphstep.run.cli import OneLineParser, argument_list
 from rl_graphstep.settings.config import (
-    CHOICES,
     FIELD_TYPES,
     FIELDS,
-    SWITCH_FIELDS,
-    SWITCH_MODES,
     Config,
     coerce_mapping,
     field_default,
-    flag_of,
     removed_flags,
     saved_config_values,
 )
@@ -38,6 +34,7 @@ from rl_graphstep.settings.configfile import (
 )
 from rl_graphstep.settings.fieldtypes import user_path
 from rl_graphstep.settings.seedgroup import check_resumed_seeds, check_seed_flags, group_seeds
+from rl_graphstep.settings.values import CHOICES, SWITCH_FIELDS, SWITCH_MODES, flag_of
 
 if TYPE_CHECKING:  # importlib.resources.abc is Python 3.11+; the package supports 3.10
     from importlib.resources.abc import Traversable

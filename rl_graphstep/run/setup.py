@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import gymnasium as gym
 import torch
 from torch import nn
 
@@ -112,12 +113,7 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     (for ``cpus`` CPUs, see ``plan_run``), the envs, the networks, the learner, the collector
     and the logs (which record ``launched``, the Unix time the process was launched, where
     given)."""
-    check_algorithm(cfg.algo)  # a Config built in Python: its algo is checked here
-    if not cfg.resume:  # a run trained before this check resumes as it trained
-        problem = network_problem(cfg, actor=(actor or cfg.actor) is not None,
-                                  critic=(critic or cfg.critic) is not None)
-        if problem:
-            raise ConfigError(problem)
+    _check_networks_asked(cfg, actor, critic)
     run_dir = run_dir_of(cfg)
     check_run_dir(run_dir)
     # A folder named by the clock is claimed when the run starts logging (see below).
@@ -151,18 +147,10 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
                                    "resume")
     observation_size, action_size = observation_space.shape[0], action_space.shape[0]
 
-    kind = algorithm_class(cfg.algo)
     if resumed is not None:  # its recorded file networks are the copies in its folder
         actor, critic = networks_of_run(cfg, resumed["config"], run_dir, actor, critic)
-    actor_net, critic_net = make_seed_networks(kind, cfg, seeds, observation_space,
-                                               action_space, device, actor, critic)
-    normalizer = (ObservationNormalizer(len(seeds), observation_size, device)
-                  if cfg.obs_norm else None)
-    buffer = ReplayBuffer(cfg.buffer_size, observation_size, action_size, device,
-                          seeds=len(seeds), normalizer=normalizer)
-    algorithm = kind(actor_net, critic_net, cfg, action_size=action_size, device=device,
-                     seeds=len(seeds))
-    learner = OffPolicyLearner(algorithm, buffer, cfg, plan)
+    learner = _learner(cfg, plan, observation_space, action_space, actor, critic)
+    algorithm, buffer, normalizer = learner.algorithm, learner.buffer, learner.buffer.normalizer
     progress = Progress.of(cfg.env_id, seeds, cfg.num_envs)
     # n-step rows are built on the host as transitions arrive (see data.nstep).
     nstep = (NStepRows(cfg.n_step, cfg.gamma, len(seeds), cfg.num_envs, observation_size,
@@ -190,9 +178,9 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
         # started in the same second (the name's resolution) gets a folder of its own.
         run_dir = claim_run_dir(run_dir)
         owned.enter_context(RunLock(run_dir))
-    cfg, custom = record_networks(cfg, run_dir, actor or cfg.actor, _first(actor_net),
-                                  critic or cfg.critic, _first(critic_net), observation_space,
-                                  action_space)
+    cfg, custom = record_networks(cfg, run_dir, actor or cfg.actor, _first(algorithm.actor),
+                                  critic or cfg.critic, _first(algorithm.critic),
+                                  observation_space, action_space)
     # A named run started again after one that ended before its first checkpoint: moved
     # once nothing else can stop the start.
     earlier = set_aside_earlier_logs(run_dir) if resumed is None and not by_clock else None
@@ -205,6 +193,37 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     return Run(cfg, run_dir, progress, learner, collector, plan, log,
                LoopClock(progress.global_step), first_line,
                resumed.get("staged_actor") if resumed else None)
+
+
+def _check_networks_asked(cfg: Config, actor: NetworkSpec, critic: NetworkSpec) -> None:
+    """What set-up checks before anything else, also of a Config built in Python: its
+    algorithm, and network settings the networks would ignore (a run trained before that
+    check resumes as it trained)."""
+    check_algorithm(cfg.algo)
+    if not cfg.resume:
+        problem = network_problem(cfg, actor=(actor or cfg.actor) is not None,
+                                  critic=(critic or cfg.critic) is not None)
+        if problem:
+            raise ConfigError(problem)
+
+
+def _learner(cfg: Config, plan: RunPlan, observation_space: gym.spaces.Box,
+             action_space: gym.spaces.Box, actor: NetworkSpec, critic: NetworkSpec
+             ) -> OffPolicyLearner:
+    """The run's learner: each seed's networks, the algorithm, the replay buffer (with the
+    observation statistics of ``--obs-norm``) on the plan's device."""
+    seeds, device = len(cfg.seed_list), plan.device
+    observation_size, action_size = observation_space.shape[0], action_space.shape[0]
+    kind = algorithm_class(cfg.algo)
+    actor_net, critic_net = make_seed_networks(kind, cfg, cfg.seed_list, observation_space,
+                                               action_space, device, actor, critic)
+    normalizer = (ObservationNormalizer(seeds, observation_size, device)
+                  if cfg.obs_norm else None)
+    buffer = ReplayBuffer(cfg.buffer_size, observation_size, action_size, device, seeds=seeds,
+                          normalizer=normalizer)
+    algorithm = kind(actor_net, critic_net, cfg, action_size=action_size, device=device,
+                     seeds=seeds)
+    return OffPolicyLearner(algorithm, buffer, cfg, plan)
 
 
 def _refill_note(cfg: Config, step: int, stored: int) -> str:

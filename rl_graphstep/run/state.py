@@ -29,9 +29,9 @@ from rl_graphstep.settings.config import (
     Config,
     config_from_dict,
     config_to_dict,
-    flag_of,
     saved_config_values,
 )
+from rl_graphstep.settings.values import flag_of
 
 
 @dataclass

@@ -41,10 +41,10 @@ from rl_graphstep.settings.config import (
     field_default,
     network_problem,
     plain_value,
-    value_problem,
 )
 from rl_graphstep.settings.configfile import read_config_file, read_yaml_mapping
 from rl_graphstep.settings.seedgroup import MAX_SEEDS, seed_list_problem
+from rl_graphstep.settings.values import value_problem
 
 __all__ = ["SAMPLERS", "Sampled", "SweepSpec", "check_trials", "checked_points",
            "effective_base", "read_sweep_file", "sweep_record", "trial_config", "trial_source"]
