@@ -79,17 +79,23 @@ def default_config_file(env_id: str, algo: str = "sac") -> Traversable | None:
     family = "pendulum" if base == "Pendulum" else "mujoco" if base in MUJOCO_ENVS else None
     if family is None or not algo.isidentifier():
         return None
-    path = _configs_dir() / f"{algo}_{family}.yaml"
+    path = configs_dir() / f"{algo}_{family}.yaml"
     return path if path.is_file() else None
 
 
-def _configs_dir() -> Traversable:
+def configs_dir() -> Traversable:
     """The shipped configs: package data when installed, the checkout's `configs/` when the
-    package runs straight from a source tree (not installed)."""
+    package runs straight from a source tree (not installed). Missing, a run would silently
+    train with the bare defaults instead of the tuned ones, so that is an error."""
     try:
         return importlib.resources.files("rl_graphstep.configs")
     except ModuleNotFoundError:
-        return Path(__file__).resolve().parent.parent / "configs"
+        checkout = Path(__file__).resolve().parents[2] / "configs"  # rl_graphstep/settings/
+        if not (checkout / "sac_pendulum.yaml").is_file():
+            raise FileNotFoundError(
+                f"the shipped configs are missing: neither the package rl_graphstep.configs nor "
+                f"{checkout} holds them; install the package (pip install -e .)") from None
+        return checkout
 
 
 def read_config_file(path: Path | Traversable | str) -> dict[str, Any]:

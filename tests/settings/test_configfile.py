@@ -13,6 +13,7 @@ from configtools import one_line_error, write
 from rl_graphstep.algorithms import ALGORITHMS
 from rl_graphstep.core.errors import ConfigError
 from rl_graphstep.run.flags import load_config
+from rl_graphstep.settings import configfile
 from rl_graphstep.settings.config import config_from_dict
 from rl_graphstep.settings.configfile import (
     DuplicateKeyError,
@@ -109,6 +110,27 @@ def test_ddpg_flags_pick_the_ddpg_mujoco_file() -> None:
 def test_unknown_algo_picks_no_file() -> None:
     assert default_config_file("Pendulum-v1", "ppo") is None
     assert default_config_file("Pendulum-v1", "../configs/sac") is None
+
+
+def test_a_source_tree_not_installed_finds_its_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run straight from a checkout (PYTHONPATH, no install), the tuned files are the
+    checkout's `configs/`: a wrong path there trained Pendulum with the bare defaults."""
+    def not_installed(name: str) -> None:
+        raise ModuleNotFoundError(name)
+    monkeypatch.setattr(configfile.importlib.resources, "files", not_installed)
+    assert Path(str(configfile.configs_dir())) == Path(__file__).resolve().parents[2] / "configs"
+    cfg = load_config(["--env", "Pendulum-v1"])
+    assert (cfg.total_timesteps, cfg.buffer_size) == (15000, 100000)
+
+
+def test_missing_configs_are_an_error_not_the_bare_defaults(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    def not_installed(name: str) -> None:
+        raise ModuleNotFoundError(name)
+    monkeypatch.setattr(configfile.importlib.resources, "files", not_installed)
+    monkeypatch.setattr(configfile, "__file__", str(tmp_path / "a" / "settings" / "configfile.py"))
+    with pytest.raises(FileNotFoundError, match="the shipped configs are missing"):
+        load_config(["--env", "Pendulum-v1"])
 
 
 def test_the_shipped_configs_could_all_update() -> None:
