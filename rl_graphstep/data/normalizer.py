@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rl_graphstep.data.ringwrite import InTurns
 from rl_graphstep.data.rows import ArrayLike, as_columns
 
 __all__ = ["STD_EPS", "ObservationNormalizer", "chan_update"]
@@ -74,8 +75,7 @@ class ObservationNormalizer:
         # Two pinned host copies used in turn, as the ring's staging is: the upload of two
         # updates ago may still be reading one.
         self._host = [torch.empty(self.stats.shape, pin_memory=cuda) for _ in range(2)]
-        self._uploaded: list[torch.cuda.Event | None] = [None, None]
-        self._turn = 0
+        self._turns = InTurns()
         self._upload()
 
     def update(self, observations: ArrayLike, keep: ArrayLike | None = None) -> None:
@@ -94,11 +94,7 @@ class ObservationNormalizer:
 
     def _upload(self) -> None:
         """``stats`` from the host statistics, written in place on the current stream."""
-        self._turn ^= 1
-        uploaded = self._uploaded[self._turn]
-        if uploaded is not None:
-            uploaded.synchronize()  # rarely waits: two uploads ago
-        host = self._host[self._turn]
+        host = self._host[self._turns.take()]
         seen = (self.count > 0)[:, None]
         host[0, :, 0] = torch.from_numpy(np.where(seen, self.mean, 0.0))
         host[1, :, 0] = torch.from_numpy(np.where(seen, np.sqrt(self.var) + STD_EPS, 1.0))
@@ -106,9 +102,7 @@ class ObservationNormalizer:
             self.stats.copy_(host)
             return
         self.stats.copy_(host, non_blocking=True)
-        event = uploaded or torch.cuda.Event()
-        event.record(torch.cuda.current_stream(self.device))
-        self._uploaded[self._turn] = event
+        self._turns.queued(torch.cuda.current_stream(self.device))
 
     def normalize(self, observations: Tensor, stats: Tensor | None = None) -> Tensor:
         """``(x - mean) / (std + 0.01)`` of ``observations``: (K, B, O) with K > 1 seeds,

@@ -18,7 +18,7 @@ import torch
 from rl_graphstep.core.capture import capture_graph
 from rl_graphstep.core.errors import CaptureError
 
-__all__ = ["RingWriter", "Staging", "place"]
+__all__ = ["InTurns", "RingWriter", "Staging", "place"]
 
 
 def place(positions: np.ndarray, sizes: np.ndarray, capacity: int, kept: np.ndarray | None,
@@ -59,6 +59,34 @@ def place(positions: np.ndarray, sizes: np.ndarray, capacity: int, kept: np.ndar
         slots[:] = np.where(lands, flat, seeds * capacity).ravel()
     counters[0] = (positions + counts) % capacity
     counters[1] = np.minimum(sizes + counts, capacity)
+
+
+class InTurns:
+    """Two pinned host buffers used in turn by copies to the device queued on a stream
+    (the ring's staging, the observation statistics): taking a buffer waits for the copy
+    that read it, two turns ago, which has almost always finished."""
+
+    def __init__(self) -> None:
+        self.turn = 0
+        self._read: list[torch.cuda.Event | None] = [None, None]
+
+    def take(self) -> int:
+        """The next buffer's index, once no queued copy reads it any more."""
+        self.turn ^= 1
+        read = self._read[self.turn]
+        if read is not None:
+            read.synchronize()
+        return self.turn
+
+    def queued(self, stream: torch.cuda.Stream) -> None:
+        """Note that a copy from this turn's buffer is queued on ``stream`` (CUDA only)."""
+        read = self._read[self.turn] or torch.cuda.Event()
+        read.record(stream)
+        self._read[self.turn] = read
+
+    def forget(self) -> None:
+        """New buffers replace the old ones: no copy reads them yet."""
+        self._read = [None, None]
 
 
 class Staging(NamedTuple):
@@ -112,8 +140,7 @@ class RingWriter:
         self._host: list[_Buffer] = []
         self._numpy: list[Staging] = []
         self._device: _Buffer | None = None  # on CUDA, where the graphs copy the staging to
-        self._copied: list[torch.cuda.Event | None] = [None, None]
-        self._turn = 0
+        self._turns = InTurns()
         self._stream: torch.cuda.Stream | None = None
 
     def staging(self, rows: int) -> Staging:
@@ -121,13 +148,7 @@ class RingWriter:
         `write`: made at the first add of that many rows, then reused."""
         if not self._host or self._host[0].rows.shape[0] != rows:
             self._make_staging(rows)
-        self._turn ^= 1
-        copied = self._copied[self._turn]
-        if copied is not None:
-            # The copy of two adds ago may still be reading this pinned buffer; with two in
-            # turn it has almost always finished, so this rarely waits.
-            copied.synchronize()
-        return self._numpy[self._turn]
+        return self._numpy[self._turns.take()]
 
     def _make_staging(self, rows: int) -> None:
         cuda = self.device.type == "cuda"
@@ -139,7 +160,7 @@ class RingWriter:
                        for b in self._host]
         self._device = (_views(torch.empty(nbytes, dtype=torch.uint8, device=self.device),
                                rows, row_size, self.seeds, dtype) if cuda else None)
-        self._copied = [None, None]
+        self._turns.forget()
         self.graphs = None  # captured for the new buffers at their first write
         # Fetched once: current_stream() costs more than the copy it orders. Adds are issued
         # on the stream current at the first one.
@@ -149,7 +170,7 @@ class RingWriter:
         """Write this add's staging into the rings: on CUDA one replay of a captured graph
         (the copy from pinned memory, the `index_copy_`, the counters' copy), three
         operations run eagerly where no graph can be used."""
-        host = self._host[self._turn]
+        host = self._host[self._turns.turn]
         graph = self._graph()
         if graph is not None:
             graph.replay()
@@ -158,9 +179,7 @@ class RingWriter:
         else:
             _store(self.flat, self.counters, host)
         if self._stream is not None:
-            event = self._copied[self._turn] or torch.cuda.Event()
-            event.record(self._stream)
-            self._copied[self._turn] = event
+            self._turns.queued(self._stream)
 
     def _graph(self) -> torch.cuda.CUDAGraph | None:
         """This turn's captured write (both captured at the first write); None off CUDA or
@@ -175,7 +194,7 @@ class RingWriter:
                               stacklevel=4)
                 self._graph_writes = False
                 return None
-        return self.graphs[self._turn]
+        return self.graphs[self._turns.turn]
 
     def _capture(self, host: _Buffer) -> torch.cuda.CUDAGraph:
         """A graph that copies ``host``'s bytes (pinned; read when the graph runs) to the

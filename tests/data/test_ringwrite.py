@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from rl_graphstep.data import ringwrite
 from rl_graphstep.data.ringwrite import RingWriter, place
 
 
@@ -69,3 +70,10 @@ def test_the_cpu_write_stores_the_staging_and_the_buffers_alternate() -> None:
     assert flat[6].tolist() == [3.0, 1.0]  # the spare holds the last row not kept
     assert counters.tolist() == [[1, 2], [3, 2]] == [positions.tolist(), sizes.tolist()]
     assert writer.graphs is None
+
+
+def test_two_buffers_are_taken_in_turn_without_a_device() -> None:
+    turns = ringwrite.InTurns()
+    assert [turns.take() for _ in range(4)] == [1, 0, 1, 0]
+    turns.forget()
+    assert turns.take() == 1 and turns.turn == 1

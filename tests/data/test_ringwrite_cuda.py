@@ -126,3 +126,22 @@ def test_seed_adds_write_plainly_when_the_write_cannot_be_captured(
     assert replay.position_tensor.tolist() == list(reference.positions)
 
 
+
+
+def test_a_buffer_is_taken_again_only_once_the_copy_that_read_it_has_run() -> None:
+    """A copy queued behind a long kernel still reads buffer 1 when buffer 0 is taken; taking
+    buffer 1 again waits for that copy, so the host may then overwrite it."""
+    turns = ringwrite.InTurns()
+    stream = torch.cuda.current_stream()
+    host = torch.ones(4, pin_memory=True)
+    device = torch.empty(4, device=DEVICE)
+    assert turns.take() == 1
+    torch.cuda._sleep(200_000_000)  # about 0.1 s of GPU time before the copy
+    device.copy_(host, non_blocking=True)
+    turns.queued(stream)
+    assert turns.take() == 0
+    assert not stream.query()  # the copy has not run yet
+    assert turns.take() == 1
+    assert stream.query()  # taking buffer 1 waited for it
+    host.fill_(2.0)
+    assert device.tolist() == [1.0] * 4
