@@ -159,6 +159,28 @@ class Config:
     nonfinite_limit: int = option(
         1000, "stop after this many consecutive updates skipped for non-finite values"
     )
+    # PPO (CleanRL's ppo_continuous_action.py names and defaults); the on-policy learner
+    # reads them, the off-policy algorithms ignore them.
+    learning_rate: float = option(3e-4, "PPO: the actor's and critic's learning rate")
+    anneal_lr: bool = option(
+        True, "PPO: anneal the learning rate linearly to 0 over the run's rollouts"
+    )
+    num_steps: int = option(2048, "PPO: steps of each env per rollout")
+    gae_lambda: float = option(0.95, "PPO: the lambda of generalised advantage estimation")
+    num_minibatches: int = option(
+        32, "PPO: minibatches per epoch; must divide --num-envs x --num-steps"
+    )
+    update_epochs: int = option(10, "PPO: epochs of minibatch updates per rollout")
+    norm_adv: bool = option(True, "PPO: normalise the advantages of each minibatch")
+    clip_coef: float = option(0.2, "PPO: the surrogate (and value) clipping coefficient")
+    clip_vloss: bool = option(True, "PPO: clip the value loss around the rollout's values")
+    ent_coef: float = option(0.0, "PPO: coefficient of the entropy bonus")
+    vf_coef: float = option(0.5, "PPO: coefficient of the value loss")
+    max_grad_norm: float = option(0.5, "PPO: gradient-norm clip of the actor and the critic")
+    target_kl: float | None = option(
+        None, "PPO: stop a rollout's epochs once an epoch ends with approx_kl above this "
+        "(per seed); None: always run every epoch"
+    )
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

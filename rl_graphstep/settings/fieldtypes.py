@@ -1,6 +1,6 @@
 """Reading a config value as its field's type: ints and floats as YAML 1.1 writes them (1e6
-and 3e-4 are strings there), bools, strings, keyword-argument mappings and lists of ints; and
-a path as the user wrote it (``~`` expanded)."""
+and 3e-4 are strings there), bools, strings, keyword-argument mappings and lists of ints (a
+number or a list that may be null too); and a path as the user wrote it (``~`` expanded)."""
 
 from __future__ import annotations
 
@@ -60,6 +60,8 @@ def typed_value(name: str, kind: Any, value: Any, *, switch: bool = False) -> An
             if not isinstance(value, str):
                 raise TypeError
             return value
+        if kind == float | None:
+            return None if value is None else _as_float(value)
         if kind == dict[str, Any]:
             # A copy, so later changes to the caller's dict do not reach the frozen Config.
             if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
@@ -75,7 +77,7 @@ def typed_value(name: str, kind: Any, value: Any, *, switch: bool = False) -> An
         if kind == dict[str, Any]:
             what = "a mapping of keyword arguments (string keys), e.g. {width: 128}"
         else:
-            fallback = {str | None: "a string or null",
+            fallback = {str | None: "a string or null", float | None: "a number or null",
                         tuple[int, ...] | None: "a list of ints or null"}.get(
                             kind, "a list of ints")
             what = expected.get(kind, fallback)

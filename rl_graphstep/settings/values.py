@@ -27,6 +27,9 @@ _POSITIVE_INTS = (
     "nonfinite_limit",
     "num_seeds",
     "n_step",
+    "num_steps",
+    "num_minibatches",
+    "update_epochs",
 )
 CHOICES: dict[str, tuple[str, ...]] = {
     "device": DEVICES, "vec_env": VEC_ENVS, "graph": SWITCH_MODES,
@@ -37,6 +40,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
 SWITCH_FIELDS = tuple(name for name, choices in CHOICES.items() if choices is SWITCH_MODES)
 
 
+# PPO's settings that must be finite and above 0.
+_POSITIVE_RATES = ("learning_rate", "clip_coef", "vf_coef", "max_grad_norm")
 _NOISES = ("policy_noise", "noise_clip", "exploration_noise")
 _SPEC_FORMS = "package.module:ClassName or path/to/file.py:ClassName"
 
@@ -108,13 +113,17 @@ def value_problem(name: str, value: Any) -> str | None:
         return f"must be >= 0, got {value!r}"
     if name == "tau" and not 0 < value <= 1:
         return f"must be in (0, 1], got {value!r}"
-    if name == "gamma" and not 0 <= value <= 1:
+    if name in ("gamma", "gae_lambda") and not 0 <= value <= 1:
         return f"must be in [0, 1], got {value!r}"
+    if name in _POSITIVE_RATES and not (value > 0 and math.isfinite(value)):
+        return f"must be a finite number > 0, got {value!r}"
+    if name == "target_kl" and value is not None and not (value > 0 and math.isfinite(value)):
+        return f"must be a finite number > 0 (or None: no early stop), got {value!r}"
     if name in ("policy_lr", "q_lr", "critic_max_grad_norm", "actor_max_grad_norm") and not (
         value > 0
     ):
         return f"must be > 0, got {value!r}"
-    if name in ("alpha", "weight_decay") and not (value >= 0 and math.isfinite(value)):
+    if name in ("alpha", "weight_decay", "ent_coef") and not (value >= 0 and math.isfinite(value)):
         return f"must be a finite number >= 0, got {value!r}"
     if name == "seeds" and value is not None:
         return seed_list_problem(value)

@@ -1,0 +1,217 @@
+"""PPO's rollout storage on the device: T steps of N envs (of K seeds), GAE(lambda) with
+bootstrapping on truncation, and the packed rows its minibatches are gathered from.
+
+Every step is one row: ``[observation | action | log-prob | advantage | value | return]``.
+The actor step reads the first two blocks as its inputs and log-prob and advantage as its
+targets; the critic step reads the observation and (value, return). Rewards, terminations,
+truncations and the final observations' values only feed GAE, so they live beside the rows.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+
+class PolicyTargets(NamedTuple):
+    """What the policy loss compares the new log-probabilities with, each (..., M)."""
+
+    log_probs: Tensor  # the rollout's (old) log-probabilities of its actions
+    advantages: Tensor
+
+
+class ValueTargets(NamedTuple):
+    """What the value loss compares the new values with, each (..., M)."""
+
+    values: Tensor  # the rollout's (old) values, the centre of the value clip
+    returns: Tensor
+
+
+class RolloutLayout:
+    """The packed row's columns: an observation of ``observation_size`` values, an action of
+    ``action_size`` (1 for a discrete action, its index), then log-prob, advantage, value and
+    return."""
+
+    def __init__(self, observation_size: int, action_size: int) -> None:
+        o, a = observation_size, action_size
+        self.observation_size, self.action_size = o, a
+        self.observations = slice(0, o)
+        self.actions = slice(o, o + a)
+        self.log_probs, self.advantages, self.values, self.returns = (o + a, o + a + 1,
+                                                                      o + a + 2, o + a + 3)
+        self.width = o + a + 4
+        # What each step reads: contiguous column ranges of the row.
+        self.actor_inputs = slice(0, o + a)          # [observation | action]
+        self.actor_targets = slice(o + a, o + a + 2)  # [log-prob | advantage]
+        self.critic_inputs = self.observations
+        self.critic_targets = slice(o + a + 2, o + a + 4)  # [value | return]
+
+    @staticmethod
+    def policy_targets(targets: Tensor) -> PolicyTargets:
+        """The actor step's targets (..., M, 2) as named columns."""
+        return PolicyTargets(targets[..., 0], targets[..., 1])
+
+    @staticmethod
+    def value_targets(targets: Tensor) -> ValueTargets:
+        """The critic step's targets (..., M, 2) as named columns."""
+        return ValueTargets(targets[..., 0], targets[..., 1])
+
+
+class Rollout:
+    """Fixed-size storage of one rollout: ``num_steps`` (T) steps of ``num_envs`` (N) envs,
+    with a leading seed dimension K when ``seeds`` > 1 (every tensor a caller passes or reads
+    has it then, and none without it).
+
+    The loop calls :meth:`add` once per step t = 0 .. T-1 (the step index is the host's count,
+    so nothing syncs), then :meth:`compute_advantages` with the values of the observations that
+    follow the last step. Minibatches are gathered from :attr:`flat_rows`, (K, T*N, W).
+
+    Args:
+        num_steps, num_envs: T and N.
+        observation_size, action_size: the row's observation and action widths.
+        device: where everything lives.
+        seeds: K.
+    """
+
+    def __init__(self, num_steps: int, num_envs: int, observation_size: int, action_size: int,
+                 device: torch.device, seeds: int = 1) -> None:
+        self.num_steps, self.num_envs, self.seeds = num_steps, num_envs, seeds
+        self.layout = RolloutLayout(observation_size, action_size)
+        self.device = torch.device(device)
+        shape = (seeds, num_steps, num_envs)
+        # Stored always with the K dimension; what a single run sees drops it (``_view``).
+        self.rows = torch.zeros(*shape, self.layout.width, device=self.device)
+        self.rewards = torch.zeros(shape, device=self.device)
+        self.terminations = torch.zeros(shape, device=self.device)
+        self.truncations = torch.zeros(shape, device=self.device)
+        self.final_values = torch.zeros(shape, device=self.device)
+        self.step = 0  # the next step to add
+
+    # ------------------------------------------------------------------ views
+
+    def _view(self, tensor: Tensor) -> Tensor:
+        return tensor if self.seeds > 1 else tensor[0]
+
+    def _column(self, index: int) -> Tensor:
+        return self._view(self.rows[..., index])
+
+    @property
+    def observations(self) -> Tensor:
+        return self._view(self.rows[..., self.layout.observations])
+
+    @property
+    def actions(self) -> Tensor:
+        return self._view(self.rows[..., self.layout.actions])
+
+    @property
+    def log_probs(self) -> Tensor:
+        return self._column(self.layout.log_probs)
+
+    @property
+    def values(self) -> Tensor:
+        return self._column(self.layout.values)
+
+    @property
+    def advantages(self) -> Tensor:
+        return self._column(self.layout.advantages)
+
+    @property
+    def returns(self) -> Tensor:
+        return self._column(self.layout.returns)
+
+    @property
+    def flat_rows(self) -> Tensor:
+        """Every row of the rollout, (K, T*N, W) (K = 1 included): what minibatches index."""
+        return self.rows.view(self.seeds, self.num_steps * self.num_envs, self.layout.width)
+
+    @property
+    def full(self) -> bool:
+        return self.step == self.num_steps
+
+    # ------------------------------------------------------------------ filling it
+
+    @torch.no_grad()
+    def add(self, observations: Tensor, actions: Tensor, log_probs: Tensor, values: Tensor,
+            rewards: Tensor, terminations: Tensor, truncations: Tensor,
+            final_values: Tensor) -> None:
+        """Store step t: the observations (…, N, O) the actions (…, N, A) were taken in, their
+        log-probabilities and values (…, N), and what the step returned: rewards,
+        terminations and truncations (…, N; bools or 0/1), and ``final_values`` (…, N), the
+        critic's values of the final observations where an episode was truncated (read only
+        there; any value elsewhere)."""
+        if self.step >= self.num_steps:
+            raise RuntimeError(f"the rollout is full ({self.num_steps} steps); compute its "
+                               "advantages and start the next one with reset()")
+        t = self.step
+        row = self.rows[:, t]
+        pieces = [(row[..., self.layout.observations], observations),
+                  (row[..., self.layout.actions], actions),
+                  (row[..., self.layout.log_probs], log_probs),
+                  (row[..., self.layout.values], values),
+                  (self.rewards[:, t], rewards), (self.terminations[:, t], terminations),
+                  (self.truncations[:, t], truncations), (self.final_values[:, t], final_values)]
+        for stored, value in pieces:
+            stored.copy_(value.reshape(stored.shape) if self.seeds == 1 else value)
+        self.step += 1
+
+    def reset(self) -> None:
+        """Start the next rollout (the storage is overwritten step by step)."""
+        self.step = 0
+
+    # ------------------------------------------------------------------ GAE
+
+    @torch.no_grad()
+    def compute_advantages(self, next_values: Tensor, gamma: float, gae_lambda: float) -> None:
+        """GAE(lambda) into the rows' advantage and return columns; ``next_values`` (…, N):
+        the critic's values of the observations after the last step. See :func:`gae`."""
+        if not self.full:
+            raise RuntimeError(f"the rollout holds {self.step} of its {self.num_steps} steps; "
+                               "fill it before computing advantages")
+        values = self.rows[..., self.layout.values]
+        advantages = gae(self.rewards, values, self.terminations, self.truncations,
+                         self.final_values, next_values.reshape(self.seeds, self.num_envs),
+                         gamma, gae_lambda)
+        self.rows[..., self.layout.advantages] = advantages
+        self.rows[..., self.layout.returns] = advantages + values
+
+    @torch.no_grad()
+    def explained_variance(self) -> Tensor:
+        """CleanRL's 1 - Var(returns - values) / Var(returns) over the rollout, per seed
+        (population variances, as numpy's); NaN where the returns do not vary. On the device:
+        () for one seed, (K,)."""
+        flat = self.flat_rows
+        values, returns = flat[..., self.layout.values], flat[..., self.layout.returns]
+        var_returns = returns.var(dim=-1, correction=0)
+        unexplained = (returns - values).var(dim=-1, correction=0)
+        explained = torch.where(var_returns == 0, torch.full_like(var_returns, torch.nan),
+                                1 - unexplained / var_returns)
+        return self._view(explained)
+
+
+def gae(rewards: Tensor, values: Tensor, terminations: Tensor, truncations: Tensor,
+        final_values: Tensor, next_values: Tensor, gamma: float, gae_lambda: float) -> Tensor:
+    """Generalised advantage estimates of a rollout, (K, T, N) inputs, ``next_values`` (K, N).
+
+    As CleanRL computes them, with truncation handled: the value after step t is the final
+    observation's value where step t was truncated, the next step's value otherwise (the
+    observations after the last step: ``next_values``), and it counts only where step t did
+    not terminate::
+
+        delta_t = r_t + gamma * V_next_t * (1 - terminated_t) - V_t
+        A_t     = delta_t + gamma * lambda * (1 - ended_t) * A_{t+1}
+
+    with ended = terminated or truncated: the recursion stops at every episode end. The
+    deltas are one vectorised expression; the recursion a loop over T of device ops (no
+    host sync)."""
+    following = torch.cat([values[:, 1:], next_values.unsqueeze(1)], dim=1)
+    next_step_values = torch.where(truncations > 0, final_values, following)
+    deltas = rewards + gamma * next_step_values * (1 - terminations) - values
+    carry = gamma * gae_lambda * (1 - torch.maximum(terminations, truncations))
+    advantages = torch.empty_like(deltas)
+    last = torch.zeros_like(deltas[:, 0])
+    for t in reversed(range(deltas.shape[1])):
+        last = deltas[:, t] + carry[:, t] * last
+        advantages[:, t] = last
+    return advantages
