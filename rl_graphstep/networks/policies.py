@@ -116,7 +116,7 @@ class CategoricalActor(nn.Module):
         Drawn by the Gumbel-max trick (argmax of logits plus Gumbel noise is a categorical
         sample): ``torch.multinomial`` would need more care inside a graph."""
         log_p = F.log_softmax(self.logits(observations), dim=-1)
-        uniform = torch.rand_like(log_p).clamp_(min=torch.finfo(log_p.dtype).tiny)
+        uniform = torch.rand_like(log_p).clamp(min=torch.finfo(log_p.dtype).tiny)
         index = (log_p - torch.log(-torch.log(uniform))).argmax(dim=-1, keepdim=True)
         return index.to(log_p.dtype), log_p.gather(-1, index).squeeze(-1)
 

@@ -1,0 +1,93 @@
+"""A small PPO learner and its rollouts, shared by the CPU and GPU tests of the on-policy
+learner: a one-step bandit whose reward is highest for the action that equals the first
+observation."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import Tensor
+
+from rl_graphstep.algorithms.ppo import PPO
+from rl_graphstep.data.rollout import Rollout
+from rl_graphstep.learners.metrics import MetricSums
+from rl_graphstep.learners.onpolicy import OnPolicyLearner
+from rl_graphstep.networks.policies import GaussianActor, ValueNetwork
+from rl_graphstep.networks.seeds import SeedStack
+from rl_graphstep.settings.config import Config
+from rl_graphstep.settings.plan import RunPlan
+
+OBS = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+ACT = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+SETTINGS = {"num_steps": 16, "num_envs": 4, "num_minibatches": 4, "update_epochs": 3,
+            "total_timesteps": 64 * 40, "hidden_sizes": (16, 16), "learning_rate": 3e-3,
+            # the off-policy cross-checks, out of PPO's way
+            "learning_starts": 0, "batch_size": 8}
+
+
+def make_learner(seeds: int = 1, device: str = "cpu", graphs: bool = False, *,
+                 fuse: bool = True, state: dict | None = None, **settings: object
+                 ) -> tuple[OnPolicyLearner, MetricSums]:
+    """A built learner with networks made from torch seed 0 (one per seed, stacked)."""
+    cfg = Config(**{**SETTINGS, "num_seeds": seeds, **settings})
+    torch.manual_seed(0)
+    actors = [GaussianActor(OBS, ACT, cfg.hidden_sizes) for _ in range(seeds)]
+    critics = [ValueNetwork(OBS, cfg.hidden_sizes) for _ in range(seeds)]
+    actor, critic = ((actors[0], critics[0]) if seeds == 1
+                     else (SeedStack(actors), SeedStack(critics)))
+    target = torch.device(device)
+    algorithm = PPO(actor, critic, cfg, device=target, seeds=seeds)
+    rollout = Rollout(cfg.num_steps, cfg.num_envs, 2, 1, target, seeds=seeds)
+    plan = RunPlan(device=target, graphs=graphs, compile=False, action_stream=False,
+                   vec_env="sync", tf32=False)
+    learner = OnPolicyLearner(algorithm, rollout, cfg, plan)
+    if state is not None:
+        learner.load_state_dict(state)
+    sums = MetricSums(() if seeds == 1 else (seeds,))
+    learner.build(sums, fuse=fuse)
+    return learner, sums
+
+
+def lead(learner: OnPolicyLearner) -> tuple[int, ...]:
+    return learner.seed_shape
+
+
+def fill_bandit(learner: OnPolicyLearner, seed: int, reward_scale: Tensor | None = None
+                ) -> float:
+    """Fill the rollout with one-step episodes of the bandit, acting with the learner's
+    actor (observations and actions drawn from torch seed ``seed``); returns the mean
+    reward. ``reward_scale`` (K,): each seed's rewards times it."""
+    rollout, device = learner.rollout, learner.device
+    envs, shape = rollout.num_envs, lead(learner)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    torch.manual_seed(seed)
+    rewards = []
+    for _ in range(rollout.num_steps):
+        observations = torch.rand(*shape, envs, 2, generator=generator, device=device) * 2 - 1
+        actions, log_probs, values = learner.act(observations)
+        reward = -(actions[..., 0] - observations[..., 0]).pow(2)
+        if reward_scale is not None:
+            reward = reward * reward_scale.view(-1, 1)
+        rewards.append(reward.mean())
+        done = torch.ones(*shape, envs, device=device)
+        zeros = torch.zeros(*shape, envs, device=device)
+        rollout.add(observations, actions, log_probs, values, reward, done, zeros, zeros)
+    return torch.stack(rewards).mean().item()
+
+
+def next_values(learner: OnPolicyLearner) -> Tensor:
+    return torch.zeros(*lead(learner), learner.rollout.num_envs, device=learner.device)
+
+
+def parameters(learner: OnPolicyLearner) -> list[Tensor]:
+    """Copies of the actor's and the critic's parameters."""
+    algorithm = learner.algorithm
+    return [p.detach().clone() for net in (algorithm.actor, algorithm.critic)
+            for p in net.parameters()]
+
+
+def optimizer_state(learner: OnPolicyLearner) -> list[Tensor]:
+    return [value.detach().clone()
+            for optimizer in (learner.actor_optimizer, learner.critic_optimizer)
+            for state in optimizer.state.values() for value in state.values()]
