@@ -132,6 +132,17 @@ class PPO:
         v_loss = 0.5 * squared_error.mean(dim=-1)
         return self.cfg.vf_coef * v_loss, {"losses/value_loss": v_loss}
 
+    @staticmethod
+    @torch.no_grad()
+    def explained_variance(values: Tensor, returns: Tensor) -> Tensor:
+        """CleanRL's diagnostic of the critic, once per rollout: 1 - Var(R - V) / Var(R) over
+        the last dimension (population variances, as numpy's), NaN where the returns do not
+        vary; on the device, one value per seed."""
+        var_returns = returns.var(dim=-1, correction=0)
+        unexplained = (returns - values).var(dim=-1, correction=0)
+        return torch.where(var_returns == 0, torch.full_like(var_returns, torch.nan),
+                           1 - unexplained / var_returns)
+
     # ------------------------------------------------------------------ the schedule
 
     def learning_rate(self, update: int) -> float:

@@ -127,6 +127,12 @@ class Rollout:
         return self.rows.view(self.seeds, self.num_steps * self.num_envs, self.layout.width)
 
     @property
+    def flat_values_and_returns(self) -> tuple[Tensor, Tensor]:
+        """The rollout's values and returns, each (K, T*N) (K = 1 included)."""
+        flat = self.flat_rows
+        return flat[..., self.layout.values], flat[..., self.layout.returns]
+
+    @property
     def full(self) -> bool:
         return self.step == self.num_steps
 
@@ -175,19 +181,6 @@ class Rollout:
                          gamma, gae_lambda)
         self.rows[..., self.layout.advantages] = advantages
         self.rows[..., self.layout.returns] = advantages + values
-
-    @torch.no_grad()
-    def explained_variance(self) -> Tensor:
-        """CleanRL's 1 - Var(returns - values) / Var(returns) over the rollout, per seed
-        (population variances, as numpy's); NaN where the returns do not vary. On the device:
-        () for one seed, (K,)."""
-        flat = self.flat_rows
-        values, returns = flat[..., self.layout.values], flat[..., self.layout.returns]
-        var_returns = returns.var(dim=-1, correction=0)
-        unexplained = (returns - values).var(dim=-1, correction=0)
-        explained = torch.where(var_returns == 0, torch.full_like(var_returns, torch.nan),
-                                1 - unexplained / var_returns)
-        return self._view(explained)
 
 
 def gae(rewards: Tensor, values: Tensor, terminations: Tensor, truncations: Tensor,

@@ -191,7 +191,8 @@ class OnPolicyLearner:
         cfg = self.cfg
         self.lr.fill_(self.algorithm.learning_rate(self.updates))
         self.rollout.compute_advantages(next_values, cfg.gamma, cfg.gae_lambda)
-        explained_variance = self.rollout.explained_variance()
+        explained_variance = self._view(
+            self.algorithm.explained_variance(*self.rollout.flat_values_and_returns))
         if self.gate is not None:
             self.gate.fill_(1.0)
         self._metric_sums.zero_()
@@ -281,6 +282,15 @@ class OnPolicyLearner:
             return zero, zero
         return (torch.stack([g.skipped for g in guards]).sum(),
                 torch.stack([g.consecutive for g in guards]).max())
+
+    def skipped_steps(self) -> dict[str, int]:
+        """Critic and actor steps skipped in this process, by kind, over all seeds (reads
+        the device)."""
+        counts = {}
+        for kind, step in (("critic", self.critic_step), ("actor", self.actor_step)):
+            guard = None if step is None else step.guard
+            counts[kind] = 0 if guard is None else int(guard.skipped.sum().item())
+        return counts
 
     # ------------------------------------------------------------------ checkpoints
 

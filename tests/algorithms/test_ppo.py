@@ -15,7 +15,7 @@ from rl_graphstep.algorithms.ppo import PPO, check_ppo_config
 from rl_graphstep.core.errors import ConfigError
 from rl_graphstep.data.rollout import PolicyTargets, ValueTargets
 from rl_graphstep.networks.policies import CategoricalActor, GaussianActor, ValueNetwork
-from rl_graphstep.settings.config import Config
+from rl_graphstep.settings.config import Config, config_from_dict
 
 OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACT = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
@@ -167,9 +167,16 @@ def test_ppo_settings_are_checked(settings: dict, message: str) -> None:
 
 
 def test_target_kl_reads_a_number_or_null() -> None:
-    from rl_graphstep.settings.config import config_from_dict
-
     assert config_from_dict({"target_kl": "1.5e-2"}).target_kl == 0.015
     assert config_from_dict({"target_kl": None}).target_kl is None
     with pytest.raises(ConfigError, match="target_kl must be a number or null, got 'x'"):
         config_from_dict({"target_kl": "x"})
+
+
+def test_explained_variance_per_seed_and_nan_for_constant_returns() -> None:
+    values = torch.tensor([[1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0]])
+    returns = torch.tensor([[1.0, 2.0, 3.0, 5.0], [7.0, 7.0, 7.0, 7.0]])
+    explained = PPO.explained_variance(values, returns)
+    # Var(returns) = 2.1875, Var(returns - values) = 0.1875 (population variances)
+    assert explained[0].item() == pytest.approx(1 - 0.1875 / 2.1875)
+    assert math.isnan(explained[1].item())
