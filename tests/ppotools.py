@@ -13,7 +13,7 @@ from rl_graphstep.algorithms.ppo import PPO
 from rl_graphstep.data.rollout import Rollout
 from rl_graphstep.learners.metrics import MetricSums
 from rl_graphstep.learners.onpolicy import OnPolicyLearner
-from rl_graphstep.networks.policies import GaussianActor, ValueNetwork
+from rl_graphstep.networks.policies import CategoricalActor, GaussianActor, ValueNetwork
 from rl_graphstep.networks.seeds import SeedStack
 from rl_graphstep.settings.config import Config
 from rl_graphstep.settings.plan import RunPlan
@@ -27,12 +27,14 @@ SETTINGS = {"num_steps": 16, "num_envs": 4, "num_minibatches": 4, "update_epochs
 
 
 def make_learner(seeds: int = 1, device: str = "cpu", graphs: bool = False, *,
-                 fuse: bool = True, state: dict | None = None, **settings: object
-                 ) -> tuple[OnPolicyLearner, MetricSums]:
-    """A built learner with networks made from torch seed 0 (one per seed, stacked)."""
+                 fuse: bool = True, state: dict | None = None, discrete: int = 0,
+                 **settings: object) -> tuple[OnPolicyLearner, MetricSums]:
+    """A built learner with networks made from torch seed 0 (one per seed, stacked);
+    ``discrete`` > 0: a categorical actor over that many actions."""
     cfg = Config(**{**SETTINGS, "num_seeds": seeds, **settings})
     torch.manual_seed(0)
-    actors = [GaussianActor(OBS, ACT, cfg.hidden_sizes) for _ in range(seeds)]
+    actors = [CategoricalActor(OBS, gym.spaces.Discrete(discrete), cfg.hidden_sizes)
+              if discrete else GaussianActor(OBS, ACT, cfg.hidden_sizes) for _ in range(seeds)]
     critics = [ValueNetwork(OBS, cfg.hidden_sizes) for _ in range(seeds)]
     actor, critic = ((actors[0], critics[0]) if seeds == 1
                      else (SeedStack(actors), SeedStack(critics)))

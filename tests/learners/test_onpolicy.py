@@ -90,6 +90,24 @@ def test_the_learner_learns_the_bandit() -> None:
     assert metrics["charts/learning_rate"] == pytest.approx(3e-3 * (1 - 9.5 / 40))
 
 
+def test_the_learner_learns_a_discrete_bandit_with_a_categorical_actor() -> None:
+    """Three actions, reward 1 for action 2 alone: its probability grows from a third."""
+    learner, _ = make_learner(discrete=3, learning_rate=1e-2)
+    rollout, shares = learner.rollout, []
+    for update in range(10):
+        torch.manual_seed(update)
+        for _ in range(rollout.num_steps):
+            observations = torch.rand(rollout.num_envs, 2)
+            actions, log_probs, values = learner.act(observations)
+            rewards = (actions[:, 0] == 2).float()
+            done, zeros = torch.ones(rollout.num_envs), torch.zeros(rollout.num_envs)
+            rollout.add(observations, actions, log_probs, values, rewards, done, zeros, zeros)
+        shares.append(rollout.actions.eq(2).float().mean().item())
+        learner.update(next_values(learner))
+    assert shares[0] < 0.5
+    assert sum(shares[-3:]) / 3 > 0.8
+
+
 def epoch_snapshots(target_kl: float | None, monkeypatch: pytest.MonkeyPatch | None = None
                     ) -> tuple[list[list[torch.Tensor]], list[list[torch.Tensor]], object]:
     """The parameters and optimizer state before the update and after each of 4 epochs."""
