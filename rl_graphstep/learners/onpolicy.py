@@ -243,9 +243,13 @@ class OnPolicyLearner:
         """The minibatch's metrics into the rollout's sums, weighted by the gate."""
         with torch.no_grad():
             values = torch.stack(list(self._minibatch_metrics().values()))
-            weight = self.gate if self.gate is not None else torch.ones_like(self._counted)
-            self._metric_sums.add_(values * weight)
-            self._counted.add_(weight)
+            if self.gate is None:
+                self._metric_sums.add_(values)
+                self._counted.add_(1.0)
+                return
+            # where, not a product: a stopped seed's NaN (a skipped step's) must not count.
+            self._metric_sums.add_(torch.where(self.gate > 0, values, 0.0))
+            self._counted.add_(self.gate)
 
     def _gather(self) -> None:
         """Minibatch ``position`` of the permutation into the steps' static buffers, then
