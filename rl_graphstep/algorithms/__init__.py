@@ -7,11 +7,14 @@ importing any algorithm (torch and the networks).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from rl_graphstep.core.errors import ConfigError
+from rl_graphstep.settings.config import Config, field_default
+from rl_graphstep.settings.values import flag_of
 
 if TYPE_CHECKING:
     from rl_graphstep.algorithms.base import OffPolicyAlgorithm
@@ -20,7 +23,7 @@ if TYPE_CHECKING:
     from rl_graphstep.algorithms.td3 import TD3
 
 __all__ = ["ALGORITHMS", "DDPG", "SAC", "TD3", "OffPolicyAlgorithm", "algorithm_class",
-           "check_algorithm"]
+           "check_algorithm", "check_settings", "listed"]
 
 # --algo name -> "module:Class"; a new algorithm is one line here.
 _CLASSES: dict[str, str] = {
@@ -65,6 +68,25 @@ def check_algorithm(name: str, source: str | None = None) -> None:
         where = f"algo must be one of {{}}, got {name!r} in {source}" if source else \
             f"--algo must be one of {{}}, got {name!r}"
         raise ConfigError(where.format(", ".join(_CLASSES)))
+
+
+def check_settings(cfg: Config) -> None:
+    """``check_algorithm`` of ``cfg.algo``, and a one-line ConfigError where ``cfg`` sets a
+    field only other algorithms read (its ``algos``; see ``settings.config.option``): a run
+    that silently ignored it would train with something other than what was asked."""
+    check_algorithm(cfg.algo)
+    for f in dataclasses.fields(cfg):
+        algos = f.metadata.get("algos")
+        if algos is None or cfg.algo in algos or getattr(cfg, f.name) == field_default(f):
+            continue
+        readers = " and ".join(name.upper() for name in algos)
+        raise ConfigError(f"{flag_of(f.name)} is a setting of {readers} alone, which --algo "
+                          f"{cfg.algo} does not read: leave it out")
+
+
+def listed(f: dataclasses.Field[Any]) -> bool:
+    """Whether the field is a setting of some algorithm here (``--help`` lists only those)."""
+    return any(name in _CLASSES for name in f.metadata.get("algos", _CLASSES))
 
 
 def algorithm_class(name: str) -> type[OffPolicyAlgorithm]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from rl_graphstep.algorithms import ALGORITHMS, check_algorithm
+from rl_graphstep.algorithms import ALGORITHMS, check_algorithm, check_settings, listed
 from rl_graphstep.core.errors import ConfigError, display_path, type_name
 from rl_graphstep.run.checkpoint import find_checkpoint, load_checkpoint, run_folder_of
 from rl_graphstep.run.cli import OneLineParser, argument_list
@@ -63,6 +63,8 @@ def build_parser(shown: ShownDefaults | None = None) -> argparse.ArgumentParser:
         "--config", metavar="FILE", help="YAML file of field: value overrides (keys as below)"
     )
     for name, f in FIELDS.items():
+        if not listed(f):  # the settings of an algorithm that is not here yet
+            continue
         kind = FIELD_TYPES[name]
         what = (f"algorithm, one of {', '.join(ALGORITHMS)}" if name == "algo"
                 else f.metadata["help"])
@@ -254,7 +256,7 @@ def load_config(argv: Sequence[str] | None = None, *,
         if given.get("resume") is not None and ("run_name" in given or "log_dir" in given):
             check_resumed_folder(given["resume"], given)
         cfg = Config(**{**saved, **given})
-        check_algorithm(cfg.algo)
+        check_settings(cfg)
         return cfg
     if config_file is None:
         # The env's shipped file for the --algo given (a --config file replaces it altogether).
@@ -265,7 +267,7 @@ def load_config(argv: Sequence[str] | None = None, *,
         check_algorithm(from_file["algo"], f"config file {str(config_file)!r}")
     # Flag values are typed by argparse; Config checks their values with --flag naming.
     cfg = Config(**{**from_file, **given})
-    check_algorithm(cfg.algo)
+    check_settings(cfg)
     return cfg
 
 

@@ -13,7 +13,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from rl_graphstep.algorithms import algorithm_class, check_algorithm
+from rl_graphstep.algorithms import algorithm_class, check_settings
 from rl_graphstep.core.compiling import updates_ahead
 from rl_graphstep.core.errors import ConfigError
 from rl_graphstep.data.buffer import ReplayBuffer
@@ -199,7 +199,7 @@ def _check_networks_asked(cfg: Config, actor: NetworkSpec, critic: NetworkSpec) 
     """What set-up checks before anything else, also of a Config built in Python: its
     algorithm, and network settings the networks would ignore (a run trained before that
     check resumes as it trained)."""
-    check_algorithm(cfg.algo)
+    check_settings(cfg)
     if not cfg.resume:
         problem = network_problem(cfg, actor=(actor or cfg.actor) is not None,
                                   critic=(critic or cfg.critic) is not None)

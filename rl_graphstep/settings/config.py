@@ -17,9 +17,14 @@ from rl_graphstep.settings.seedgroup import group_problem, group_seeds
 from rl_graphstep.settings.values import SWITCH_FIELDS, flag_of, value_problem
 
 
-def option(default: Any, help: str) -> Any:
-    """A dataclass field with a default and the help text its command-line flag shows."""
-    return dataclasses.field(default=default, metadata=helps(help))
+def option(default: Any, help: str, *, algos: tuple[str, ...] | None = None) -> Any:
+    """A dataclass field with a default and the help text its command-line flag shows;
+    ``algos``: the only algorithms that read it (None: every one), so that a run of another
+    refuses it rather than ignore it (``rl_graphstep.algorithms.unread_settings_problem``)."""
+    metadata = dict(helps(help))
+    if algos is not None:
+        metadata["algos"] = algos
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def helps(help: str) -> Mapping[str, str]:
@@ -34,6 +39,10 @@ def field_default(f: dataclasses.Field[Any]) -> Any:
     if f.default_factory is not dataclasses.MISSING:
         return f.default_factory()
     return f.default
+
+
+# The settings of PPO alone (see option's ``algos``).
+PPO_ONLY = ("ppo",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,28 +168,33 @@ class Config:
     nonfinite_limit: int = option(
         1000, "stop after this many consecutive updates skipped for non-finite values"
     )
-    # PPO (CleanRL's ppo_continuous_action.py names and defaults); the on-policy learner
-    # reads them, the off-policy algorithms ignore them.
-    learning_rate: float = option(3e-4, "PPO: the actor's and critic's learning rate")
+    # PPO (CleanRL's ppo_continuous_action.py names and defaults): read by PPO alone, and
+    # refused, not ignored, by a run of another algorithm.
+    learning_rate: float = option(3e-4, "PPO: the actor's and critic's learning rate",
+                                  algos=PPO_ONLY)
     anneal_lr: bool = option(
-        True, "PPO: anneal the learning rate linearly to 0 over the run's rollouts"
-    )
-    num_steps: int = option(2048, "PPO: steps of each env per rollout")
-    gae_lambda: float = option(0.95, "PPO: the lambda of generalised advantage estimation")
+        True, "PPO: anneal the learning rate linearly to 0 over the run's rollouts",
+        algos=PPO_ONLY)
+    num_steps: int = option(2048, "PPO: steps of each env per rollout", algos=PPO_ONLY)
+    gae_lambda: float = option(0.95, "PPO: the lambda of generalised advantage estimation",
+                               algos=PPO_ONLY)
     num_minibatches: int = option(
-        32, "PPO: minibatches per epoch; must divide --num-envs x --num-steps"
-    )
-    update_epochs: int = option(10, "PPO: epochs of minibatch updates per rollout")
-    norm_adv: bool = option(True, "PPO: normalise the advantages of each minibatch")
-    clip_coef: float = option(0.2, "PPO: the surrogate (and value) clipping coefficient")
-    clip_vloss: bool = option(True, "PPO: clip the value loss around the rollout's values")
-    ent_coef: float = option(0.0, "PPO: coefficient of the entropy bonus")
-    vf_coef: float = option(0.5, "PPO: coefficient of the value loss")
-    max_grad_norm: float = option(0.5, "PPO: gradient-norm clip of the actor and the critic")
+        32, "PPO: minibatches per epoch; must divide --num-envs x --num-steps", algos=PPO_ONLY)
+    update_epochs: int = option(10, "PPO: epochs of minibatch updates per rollout",
+                                algos=PPO_ONLY)
+    norm_adv: bool = option(True, "PPO: normalise the advantages of each minibatch",
+                            algos=PPO_ONLY)
+    clip_coef: float = option(0.2, "PPO: the surrogate (and value) clipping coefficient",
+                              algos=PPO_ONLY)
+    clip_vloss: bool = option(True, "PPO: clip the value loss around the rollout's values",
+                              algos=PPO_ONLY)
+    ent_coef: float = option(0.0, "PPO: coefficient of the entropy bonus", algos=PPO_ONLY)
+    vf_coef: float = option(0.5, "PPO: coefficient of the value loss", algos=PPO_ONLY)
+    max_grad_norm: float = option(0.5, "PPO: gradient-norm clip of the actor and the critic",
+                                  algos=PPO_ONLY)
     target_kl: float | None = option(
         None, "PPO: stop a rollout's epochs once an epoch ends with approx_kl above this "
-        "(per seed); None: always run every epoch"
-    )
+        "(per seed); None: always run every epoch", algos=PPO_ONLY)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rl_graphstep.algorithms import check_algorithm
+from rl_graphstep.algorithms import check_algorithm, check_settings
 from rl_graphstep.core.errors import ConfigError, first_line
 from rl_graphstep.run.aggregate import iqm, seed_means
 from rl_graphstep.run.checkpoint import list_checkpoints
@@ -131,6 +131,11 @@ def check_algorithms(spec: SweepSpec) -> None:
         names += list(spec.sampled["algo"].values)
     for name in names:
         check_algorithm(name, spec.source)
+    for params in checked_points(spec):  # and none sets what its algorithm would not read
+        try:
+            check_settings(trial_config(spec, params, log_dir="runs", run_name="check"))
+        except ConfigError as error:
+            raise ConfigError(f"{error} (in {trial_source(spec, params)})") from None
 
 
 def local_device_problem(spec: SweepSpec) -> str | None:

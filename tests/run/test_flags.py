@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from configtools import one_line_error, write
 
+from rl_graphstep.algorithms import listed
 from rl_graphstep.core.errors import ConfigError
 from rl_graphstep.run.flags import build_parser, load_config
 from rl_graphstep.settings.config import FIELDS, REMOVED, Config, config_to_dict, removed_flags
@@ -61,6 +62,8 @@ def test_help_lists_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert info.value.code == 0
     out = capsys.readouterr().out
     for f in dataclasses.fields(Config):
+        if not listed(f):  # an algorithm's that is not here yet (tests/algorithms/test_registry)
+            continue
         assert "--" + f.name.replace("_", "-") in out
         assert f.metadata["help"].split()[0] in out
     assert "--config" in out and "--env" in out and "--no-autotune" in out

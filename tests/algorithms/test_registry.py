@@ -1,0 +1,65 @@
+"""The --algo registry's checks of a config: a setting only other algorithms read is refused
+in one line wherever it comes from (flag, YAML, Python, sweep file), and --help lists only the
+settings of the algorithms that are here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from configtools import write
+
+from rl_graphstep import algorithms
+from rl_graphstep.core.errors import ConfigError
+from rl_graphstep.run.flags import build_parser, load_config
+from rl_graphstep.settings.config import Config
+from rl_graphstep.settings.sweepfile import read_sweep_file
+from rl_graphstep.sweeps.trials import check_algorithms
+from rl_graphstep.train import train
+
+REFUSED = "--learning-rate is a setting of PPO alone, which --algo sac does not read: leave it out"
+
+
+def test_a_yaml_setting_of_another_algorithm_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path, "algo: sac\nlearning_rate: 0.001\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(["--config", path, "--env", "Pendulum-v1"])
+    assert str(info.value) == REFUSED
+
+
+def test_its_default_value_is_no_setting() -> None:
+    cfg = load_config(["--env", "Pendulum-v1", "--algo", "td3"])
+    algorithms.check_settings(cfg)  # every PPO field at its default: nothing set
+    assert cfg.learning_rate == 3e-4
+
+
+def test_a_python_config_setting_another_algorithms_field_trains_nothing(tmp_path: Path
+                                                                         ) -> None:
+    cfg = Config(env_id="Pendulum-v1", device="cpu", num_minibatches=4, log_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match="--num-minibatches is a setting of PPO alone"):
+        train(cfg)
+    assert not any(tmp_path.iterdir())  # refused before a run folder was made
+
+
+def test_a_sweep_that_sets_one_is_refused_before_it_starts(tmp_path: Path) -> None:
+    spec = read_sweep_file(write(tmp_path, """\
+name: lr
+base:
+  env_id: Pendulum-v1
+  total_timesteps: 6000
+search:
+  learning_rate: [0.001, 0.0003]
+""", name="lr.yaml"))
+    with pytest.raises(ConfigError) as info:
+        check_algorithms(spec)
+    assert str(info.value).startswith(REFUSED + " (in ")
+
+
+def test_help_lists_the_settings_of_the_algorithms_here(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    def flags() -> set[str]:
+        return {flag for action in build_parser()._actions for flag in action.option_strings}
+
+    assert "--learning-starts" in flags() and "--learning-rate" not in flags()
+    monkeypatch.setitem(algorithms._CLASSES, "ppo", "rl_graphstep.algorithms.ppo:PPO")
+    assert {"--learning-rate", "--num-minibatches", "--target-kl"} <= flags()
