@@ -11,6 +11,7 @@ import gymnasium as gym
 import torch
 from torch import Tensor, nn
 
+from rl_graphstep.algorithms.distributional import CategoricalSupport
 from rl_graphstep.algorithms.targets import PolyakAverage
 from rl_graphstep.data.rows import CriticTargets
 from rl_graphstep.networks.builtin import EnsembleCritic
@@ -23,8 +24,9 @@ Metrics = dict[str, Tensor]
 class OffPolicyAlgorithm:
     """The base of SAC, TD3 and DDPG.
 
-    A subclass writes what its paper writes: :meth:`critic_loss` (with its TD target),
-    :meth:`actor_loss`, the actor's optimizer groups, how it explores, and its schedule
+    A subclass writes what its paper writes: the next actions of its TD target
+    (:meth:`next_actions`), :meth:`actor_loss`, the actor's optimizer groups, how it explores,
+    and its schedule
     (:meth:`actor_steps`, :meth:`after_critic_step`, :meth:`after_actor_steps`). The schedule
     takes the update's number explicitly and must repeat every :meth:`update_period` updates:
     the learner records one fused update per phase of it.
@@ -32,6 +34,10 @@ class OffPolicyAlgorithm:
     With ``seeds`` = K > 1 the networks are K seeds' networks batched (every input and output
     with a leading K dimension) and each loss returns one value per seed, (K,), for the learner
     to sum: each seed's gradient is then its own. With one seed, the losses are scalars.
+
+    With ``--critic-atoms`` the critic is distributional (C51): it returns logits over the
+    atoms of :attr:`support`, learns by cross-entropy towards the projected target
+    distribution, and the actor's loss reads its expected values where it read Q values.
     """
 
     name: ClassVar[str]
@@ -47,6 +53,9 @@ class OffPolicyAlgorithm:
         self.actor = actor.to(device)
         self.critic = critic.to(device)
         self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
+        # The atoms of a distributional critic (--critic-atoms); None: Q values.
+        self.support = (CategoricalSupport(cfg.critic_atoms, cfg.v_min, cfg.v_max, device)
+                        if cfg.critic_atoms else None)
         # Every target network's Polyak average, set by the subclass.
         self.polyak: PolyakAverage
 
@@ -59,7 +68,8 @@ class OffPolicyAlgorithm:
     def default_critic(cls, observation_space: gym.spaces.Box, action_space: gym.spaces.Box,
                        cfg: Config) -> nn.Module:
         return EnsembleCritic(observation_space, action_space, cfg.hidden_sizes,
-                              num_critics=cls.num_critics, layer_norm=cfg.layer_norm)
+                              num_critics=cls.num_critics, layer_norm=cfg.layer_norm,
+                              atoms=cfg.critic_atoms)
 
     # ------------------------------------------------------------------ what a subclass writes
 
@@ -67,8 +77,9 @@ class OffPolicyAlgorithm:
         """The actor optimizer's parameter groups (SAC adds its temperature)."""
         return [{"params": list(self.actor.parameters()), "lr": self.cfg.policy_lr}]
 
-    def critic_loss(self, q_values: Tensor, batch: CriticTargets) -> tuple[Tensor, Metrics]:
-        """The TD loss of the critic's ``q_values`` (B, E) on a replay batch."""
+    def next_actions(self, next_observations: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The TD target's actions a' at s' (B, A), and what its value subtracts from the
+        target critic's at (s', a'), (B, 1) (SAC's ``alpha log pi(a'|s')``), or None."""
         raise NotImplementedError
 
     def actor_loss(self, prediction: Any, observations: Tensor) -> tuple[Tensor, Metrics]:
@@ -110,18 +121,58 @@ class OffPolicyAlgorithm:
 
     # ------------------------------------------------------------------ shared by the losses
 
+    @torch.no_grad()
+    def td_target(self, batch: CriticTargets) -> Tensor:
+        """r + gamma not_done (min_i Q_target_i(s', a') - penalty), a' and the penalty from
+        :meth:`next_actions` (with n-step rows, not_done is gamma^(n-1) or 0)."""
+        next_actions, penalty = self.next_actions(batch.next_observations)
+        next_q = self.target_critic(batch.next_observations, next_actions).min(dim=-1,
+                                                                                 keepdim=True)
+        next_value = next_q.values if penalty is None else next_q.values - penalty
+        return batch.rewards + batch.not_dones * self.cfg.gamma * next_value
+
+    @torch.no_grad()
+    def target_distribution(self, batch: CriticTargets) -> Tensor:
+        """The distributional TD target (B, A): the target critic's distribution at
+        (s', a') of the member with the lowest expected value, per row (clipped double Q),
+        shifted by r and discounted by gamma not_done, projected onto the atoms. The penalty
+        is folded into the reward, ``r - gamma not_done penalty`` (FastSAC's entropy term)."""
+        assert self.support is not None
+        next_actions, penalty = self.next_actions(batch.next_observations)
+        logits = self.target_critic(batch.next_observations, next_actions)
+        discounts = batch.not_dones * self.cfg.gamma
+        rewards = batch.rewards if penalty is None else batch.rewards - discounts * penalty
+        return self.support.project(self.support.lowest_member(logits), rewards, discounts)
+
+    def critic_loss(self, prediction: Tensor, batch: CriticTargets) -> tuple[Tensor, Metrics]:
+        """The TD loss of the critic's ``prediction`` on a replay batch: Q values (B, E)
+        against :meth:`td_target` by squared error or, distributional, logits (B, E, A)
+        against :meth:`target_distribution` by cross-entropy; each member's mean over the
+        batch, summed over the members (per seed)."""
+        if self.support is None:
+            return self.mse(prediction, self.td_target(batch)), {}
+        cross_entropy = self.support.cross_entropy(prediction, self.target_distribution(batch))
+        return self.sum_over_members(cross_entropy), {}
+
     def frozen_critic(self, observations: Tensor, actions: Tensor) -> Tensor:
-        """The critic as a function of its inputs alone, for the actor's loss: its parameters
-        enter detached, so the actor's backward computes no critic weight gradients (a
-        compiled backward would compute them and throw them away)."""
+        """The critic's Q values (B, E) as a function of its inputs alone, for the actor's
+        loss (a distributional critic's expected values): its parameters enter detached, so
+        the actor's backward computes no critic weight gradients (a compiled backward would
+        compute them and throw them away)."""
         detached = {name: t.detach() for name, t in (*self.critic.named_parameters(),
                                                       *self.critic.named_buffers())}
-        return torch.func.functional_call(self.critic, detached, (observations, actions))
+        output = torch.func.functional_call(self.critic, detached, (observations, actions))
+        return output if self.support is None else self.support.expected(output)
 
     def mse(self, q_values: Tensor, td_target: Tensor) -> Tensor:
         """CleanRL's qf1_loss + qf2_loss: each critic member's mean squared error over the
         batch, summed over the members (per seed)."""
-        per_member = (q_values - td_target).pow(2).mean(dim=-2)
+        return self.sum_over_members((q_values - td_target).pow(2))
+
+    def sum_over_members(self, per_row: Tensor) -> Tensor:
+        """A loss per row and member (B, E): the mean over the batch, summed over the
+        members (per seed)."""
+        per_member = per_row.mean(dim=-2)
         return per_member.sum() if not self.seed_shape else per_member.sum(dim=-1)
 
     def batch_mean(self, values: Tensor) -> Tensor:

@@ -17,7 +17,6 @@ from torch import Tensor, nn
 
 from rl_graphstep.algorithms.base import Metrics, OffPolicyAlgorithm
 from rl_graphstep.algorithms.targets import PolyakAverage
-from rl_graphstep.data.rows import CriticTargets
 from rl_graphstep.networks.builtin import SquashedGaussianActor
 from rl_graphstep.settings.config import Config
 
@@ -28,7 +27,8 @@ class SAC(OffPolicyAlgorithm):
     Args:
         actor: maps observations (B, O) to an action in [-1, 1] (B, A) and its log-probability
             (B,), drawing its noise on the device.
-        critic: maps (observations, actions) to one Q value per ensemble member, (B, E).
+        critic: maps (observations, actions) to one Q value per ensemble member, (B, E)
+            (distributional: logits (B, E, atoms)).
         cfg: gamma, tau, learning rates, frequencies, alpha and autotune.
         action_size: A; the target entropy is -A.
         device: where the networks and the temperature live.
@@ -68,21 +68,17 @@ class SAC(OffPolicyAlgorithm):
         return self.log_alpha.detach().exp()
 
     @torch.no_grad()
-    def td_target(self, batch: CriticTargets) -> Tensor:
-        """r + gamma (1 - d) (min_i Q_target_i(s', a') - alpha log pi(a'|s')), a' ~ pi(s')."""
-        next_actions, next_log_pi = self.actor(batch.next_observations)
-        next_q = self.target_critic(batch.next_observations, next_actions).min(dim=-1,
-                                                                                 keepdim=True)
+    def next_actions(self, next_observations: Tensor) -> tuple[Tensor, Tensor]:
+        """a' ~ pi(s') and the entropy term ``alpha log pi(a'|s')`` (B, 1): the soft value
+        is ``min_i Q_target_i(s', a') - alpha log pi(a'|s')``."""
+        next_actions, next_log_pi = self.actor(next_observations)
         next_log_pi = next_log_pi.unsqueeze(-1)
-        soft_value = next_q.values - self.per_seed(self.alpha, next_log_pi) * next_log_pi
-        return batch.rewards + batch.not_dones * self.cfg.gamma * soft_value
-
-    def critic_loss(self, q_values: Tensor, batch: CriticTargets) -> tuple[Tensor, Metrics]:
-        return self.mse(q_values, self.td_target(batch)), {}
+        return next_actions, self.per_seed(self.alpha, next_log_pi) * next_log_pi
 
     def actor_loss(self, prediction: tuple[Tensor, Tensor], observations: Tensor
                    ) -> tuple[Tensor, Metrics]:
-        """``alpha log pi - min Q`` plus, with autotune, the temperature loss
+        """``alpha log pi - min Q`` (expected values of a distributional critic) plus, with
+        autotune, the temperature loss
         ``-log_alpha.exp() (log pi + target entropy)``."""
         actions, log_pi = prediction
         min_q = self.frozen_critic(observations, actions).min(dim=-1).values

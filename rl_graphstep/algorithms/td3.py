@@ -11,7 +11,6 @@ from torch import Tensor, nn
 
 from rl_graphstep.algorithms.base import Metrics, OffPolicyAlgorithm
 from rl_graphstep.algorithms.targets import PolyakAverage
-from rl_graphstep.data.rows import CriticTargets
 from rl_graphstep.networks.builtin import DeterministicActor
 from rl_graphstep.settings.config import Config
 
@@ -21,7 +20,8 @@ class TD3(OffPolicyAlgorithm):
 
     Args:
         actor: maps observations (B, O) to a deterministic action in [-1, 1] (B, A).
-        critic: maps (observations, actions) to Q values (B, E), E >= 2 for clipped double Q.
+        critic: maps (observations, actions) to Q values (B, E), E >= 2 for clipped double Q
+            (distributional: logits (B, E, atoms)).
         cfg: ``policy_frequency`` is the policy delay, ``policy_noise``/``noise_clip`` the
             target smoothing, ``exploration_noise`` the std of the behaviour noise (all in
             [-1, 1] action units).
@@ -56,18 +56,14 @@ class TD3(OffPolicyAlgorithm):
         return (actions + noise).clamp(-1.0, 1.0)
 
     @torch.no_grad()
-    def td_target(self, batch: CriticTargets) -> Tensor:
-        """r + gamma (1 - d) min_i Q_target_i(s', a'), a' the smoothed target action."""
-        next_actions = self.target_actions(batch.next_observations)
-        next_q = self.target_critic(batch.next_observations, next_actions).min(dim=-1,
-                                                                                 keepdim=True)
-        return batch.rewards + batch.not_dones * self.cfg.gamma * next_q.values
-
-    def critic_loss(self, q_values: Tensor, batch: CriticTargets) -> tuple[Tensor, Metrics]:
-        return self.mse(q_values, self.td_target(batch)), {}
+    def next_actions(self, next_observations: Tensor) -> tuple[Tensor, None]:
+        """The smoothed target action a': the target is r + gamma (1 - d) min_i
+        Q_target_i(s', a')."""
+        return self.target_actions(next_observations), None
 
     def actor_loss(self, actions: Tensor, observations: Tensor) -> tuple[Tensor, Metrics]:
-        """``-Q_1(s, pi(s))``: the first critic only, as published."""
+        """``-Q_1(s, pi(s))``: the first critic only, as published (its expected value,
+        distributional)."""
         loss = -self.batch_mean(self.frozen_critic(observations, actions)[..., 0])
         return loss, {"losses/actor": loss}
 

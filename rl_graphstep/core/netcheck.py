@@ -132,13 +132,15 @@ def check_critic(
     action_size: int,
     device: torch.device,
     min_members: int,
+    atoms: int = 0,
     batch_size: int = 256,
 ) -> None:
     """Run `critic(observations, actions)` once on a random batch and check its Q values.
 
     They must be (B, E) float32 and finite with E >= `min_members` (2 for the clipped double
     Q of SAC and TD3, 1 for DDPG), and E must equal `critic.num_critics` where the critic has
-    that attribute. Devices, host syncs and random numbers are handled as in
+    that attribute. A distributional critic (`atoms` = A > 0, ``--critic-atoms``) returns
+    logits (B, E, A) instead. Devices, host syncs and random numbers are handled as in
     :func:`check_actor`.
 
     Raises:
@@ -151,23 +153,24 @@ def check_critic(
         actions = torch.rand(batch_size, action_size, device=device) * 2 - 1
         q_values = _run_forward(critic, (observations, actions), name, device)
 
+    expected = (f"({batch_size}, E) with E >= {min_members} Q values per row" if not atoms else
+                f"({batch_size}, E, {atoms}) with E >= {min_members} members of {atoms} logits "
+                f"each (--critic-atoms {atoms}: the logits over each member's atoms)")
     if not isinstance(q_values, Tensor):
         raise ConfigError(
-            f"{name}.forward returned a {type(q_values).__name__}, expected a tensor "
-            f"({batch_size}, E) with E >= {min_members} Q values per row"
+            f"{name}.forward returned a {type(q_values).__name__}, expected a tensor {expected}"
         )
     shape = tuple(q_values.shape)
-    if len(shape) != 2 or shape[0] != batch_size or shape[1] < min_members:
-        raise ConfigError(
-            f"{name}.forward returned shape {shape}, expected ({batch_size}, E) with "
-            f"E >= {min_members} Q values per row"
-        )
-    _check_tensor(name, q_values, "", shape, device, label="Q")
+    fits = (len(shape) == (3 if atoms else 2) and shape[0] == batch_size
+            and shape[1] >= min_members and (not atoms or shape[2] == atoms))
+    if not fits:
+        raise ConfigError(f"{name}.forward returned shape {shape}, expected {expected}")
+    _check_tensor(name, q_values, "", shape, device, label="logit" if atoms else "Q")
     members = getattr(critic, "num_critics", None)
     if isinstance(members, int) and members != shape[1]:
         raise ConfigError(
-            f"{name}.forward returned {shape[1]} Q values per row, but its num_critics is "
-            f"{members}"
+            f"{name}.forward returned {shape[1]} {'members' if atoms else 'Q values'} per "
+            f"row, but its num_critics is {members}"
         )
 
 

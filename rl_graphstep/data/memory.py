@@ -81,15 +81,16 @@ def _linear_parameters(sizes: Sequence[int]) -> int:
 
 def default_network_bytes(observation_size: int, action_size: int,
                           hidden_sizes: Sequence[int], num_critics: int, *,
-                          actor: bool = True, critic: bool = True) -> int:
+                          actor: bool = True, critic: bool = True, atoms: int = 0) -> int:
     """About the bytes the default actor and critic take during training (see
-    ``_COPIES_PER_PARAMETER``); the actor counted with SAC's two heads, an upper bound."""
+    ``_COPIES_PER_PARAMETER``); the actor counted with SAC's two heads, an upper bound; the
+    critic's members with ``atoms`` outputs each where distributional."""
     parameters = 0
     if actor:
         parameters += _linear_parameters([observation_size, *hidden_sizes, 2 * action_size])
     if critic:
         parameters += num_critics * _linear_parameters(
-            [observation_size + action_size, *hidden_sizes, 1])
+            [observation_size + action_size, *hidden_sizes, atoms or 1])
     return parameters * _COPIES_PER_PARAMETER * 4
 
 
@@ -103,7 +104,8 @@ def check_networks_fit(cfg: Config, observation_space: gym.Space, action_space: 
         return
     needed = default_network_bytes(int(observation_space.shape[0]),
                                    int(action_space.shape[0]), cfg.hidden_sizes, num_critics,
-                                   actor=default_actor, critic=default_critic)
+                                   actor=default_actor, critic=default_critic,
+                                   atoms=cfg.critic_atoms)
     available = available_memory(device)
     if available is None or needed <= available[0]:
         return

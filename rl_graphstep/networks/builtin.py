@@ -13,7 +13,8 @@ A custom network plugs in if it meets `SACActor` / `Critic` below and runs insid
   acting draws nothing there and runs beside the updates (`--action-stream`, on by default
   with CUDA graphs; without `sample(observations, noise)` the action runs in line).
 - critic: `critic(observations, actions) -> (B, E)`, one Q value per ensemble member, and a
-  `num_critics` attribute giving E.
+  `num_critics` attribute giving E; with `--critic-atoms A` (a distributional critic),
+  `(B, E, A)`: each member's logits over the A atoms of the support.
 - both: fixed shapes, no host syncs (`.item()`, `bool(t)`, Python `if` on a tensor, `nonzero`,
   boolean-mask indexing), no `torch.distributions` (its argument validation syncs), and noise
   drawn on the input's device (`torch.randn_like`) so each graph replay gets fresh noise.
@@ -87,7 +88,8 @@ class Critic(Protocol):
     num_critics: int
 
     def __call__(self, observations: Tensor, actions: Tensor) -> Tensor:
-        """Q values shaped (B, num_critics), one column per ensemble member."""
+        """Q values shaped (B, num_critics), one column per ensemble member (with
+        ``--critic-atoms A``: logits (B, num_critics, A))."""
         ...
 
 
@@ -204,6 +206,8 @@ class EnsembleCritic(nn.Module):
         hidden_sizes: widths of each member's hidden layers.
         num_critics: ensemble members (2 for SAC's clipped double Q).
         layer_norm: a LayerNorm after each hidden layer, before its ReLU (``--layer-norm``).
+        atoms: 0 for one Q value per member; A > 0 for a distributional critic, whose last
+            layer gives each member A logits over the atoms of its support (``--critic-atoms``).
     """
 
     def __init__(
@@ -214,14 +218,18 @@ class EnsembleCritic(nn.Module):
         num_critics: int = 2,
         *,
         layer_norm: bool = False,
+        atoms: int = 0,
     ) -> None:
         super().__init__()
         if num_critics < 1:
             raise ConfigError(f"num_critics must be at least 1, got {num_critics}")
+        if atoms < 0 or atoms == 1:
+            raise ConfigError(f"atoms must be 0 (Q values) or at least 2, got {atoms}")
         self.observation_size = _flat_size(observation_space, "observation")
         self.action_size = _flat_size(action_space, "action")
         self.num_critics = int(num_critics)
-        sizes = [self.observation_size + self.action_size, *hidden_sizes, 1]
+        self.atoms = int(atoms)
+        sizes = [self.observation_size + self.action_size, *hidden_sizes, self.atoms or 1]
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
         for fan_in, fan_out in pairwise(sizes):
@@ -259,7 +267,7 @@ class EnsembleCritic(nn.Module):
                              weight.unsqueeze(-2))
 
     def forward(self, observations: Tensor, actions: Tensor) -> Tensor:
-        """Q values shaped (B, num_critics)."""
+        """Q values shaped (B, num_critics); with atoms, logits (B, num_critics, atoms)."""
         x = torch.cat([observations, actions], dim=-1)
         h = x.unsqueeze(0).expand(self.num_critics, -1, -1)
         last = len(self.weights) - 1
@@ -272,6 +280,8 @@ class EnsembleCritic(nn.Module):
                 if self.layer_norm:
                     h = self._normalised(h, i)
                 h = torch.relu(h)
+        if self.atoms:
+            return h.transpose(0, 1)
         return h.squeeze(-1).transpose(0, 1)
 
 

@@ -90,8 +90,8 @@ def build_parser(shown: ShownDefaults | None = None) -> argparse.ArgumentParser:
             metavar = "{" + ",".join(CHOICES.get(name, ALGORITHMS)) + "}"
             parser.add_argument(*flags, type=str, metavar=metavar, help=help_text)
         else:
-            scalar = kind if kind in (int, float) else str
-            metavar = {int: "INT", float: "FLOAT"}.get(kind, "STR")
+            scalar = {int: int, float: float, float | None: float}.get(kind, str)
+            metavar = {int: "INT", float: "FLOAT", float | None: "FLOAT"}.get(kind, "STR")
             metavar = {"env_id": "ID", "actor": "SPEC", "critic": "SPEC"}.get(name, metavar)
             parser.add_argument(*flags, type=scalar, metavar=metavar, help=help_text)
     return parser

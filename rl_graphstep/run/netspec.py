@@ -294,7 +294,8 @@ def make_networks(algorithm: type[OffPolicyAlgorithm], cfg: Config, observation_
     sizes = {"observation_size": observation_space.shape[0],
              "action_size": action_space.shape[0], "device": device}
     check_actor(actor_net, kind=algorithm.actor_kind, **sizes)
-    check_critic(critic_net, min_members=algorithm.num_critics, **sizes)
+    check_critic(critic_net, min_members=algorithm.num_critics, atoms=cfg.critic_atoms,
+                 **sizes)
     return actor_net, critic_net
 
 

@@ -91,7 +91,7 @@ def resumed_config(cfg: Config, saved: dict[str, Any], run_dir: Path) -> tuple[C
             "run resumes with its own seeds; build the config with load_config(['--resume', "
             "RUN, ...]), which starts from the run's own")
     problem = (_temperature_problem(cfg, run) or _obs_norm_problem(cfg, run)
-               or _layer_norm_problem(cfg, run))
+               or _layer_norm_problem(cfg, run) or _critic_support_problem(cfg, run))
     if problem:
         raise ConfigError(problem)
     cfg = dataclasses.replace(cfg, log_dir=str(run_dir.parent), run_name=run_dir.name)
@@ -142,6 +142,19 @@ def _shown(value: Any) -> str:
     if isinstance(value, list):
         return " ".join(map(str, value))
     return "none" if value is None else str(value)
+
+
+def _critic_support_problem(cfg: Config, run: Config) -> str | None:
+    """Why a resumed run cannot take ``cfg``'s ``--critic-atoms``, ``--v-min`` or
+    ``--v-max``, or None: the atoms are the critic's outputs, which the checkpoint's weights
+    fill, and the bounds the values its logits were trained to mean."""
+    for name in ("critic_atoms", "v_min", "v_max"):
+        given, own = getattr(cfg, name), getattr(run, name)
+        if given != own:
+            flag = flag_of(name)
+            return (f"{flag} {_shown(given)} does not match: the resumed run's critic was "
+                    f"trained with {flag} {_shown(own)}; drop {flag}")
+    return None
 
 
 def _pickled_envs(envs: gym.vector.VectorEnv) -> bytes | None:

@@ -136,6 +136,20 @@ class Config:
         "FastSAC uses it to keep the critic from growing unstable; off: plain MLPs, as "
         "CleanRL's. Not for custom --actor/--critic"
     )
+    critic_atoms: int = option(
+        0, "a distributional (C51) critic: each member's value is a categorical distribution "
+        "over this many atoms spread evenly on [--v-min, --v-max], trained by cross-entropy "
+        "towards the projected target distribution, as FastTD3 and FastSAC do (51 as in C51, "
+        "101 there); 0: the scalar critic trained by mean squared error"
+    )
+    v_min: float | None = option(
+        None, "with --critic-atoms, the lowest value of the critic's support: below the "
+        "lowest return to expect (|Q| is at most about max|r| / (1 - gamma))"
+    )
+    v_max: float | None = option(
+        None, "with --critic-atoms, the highest value of the critic's support: above the "
+        "highest return to expect"
+    )
     actor: str | None = option(
         None, "custom actor class, package.module:ClassName or path/to/file.py:ClassName"
     )
@@ -212,7 +226,7 @@ class Config:
             raise ConfigError(problem)
         if self.autotune and self.alpha == 0:
             raise ConfigError("--alpha must be > 0 with --autotune (it starts log(alpha)), got 0.0")
-        problem = _learning_problem(self)
+        problem = _learning_problem(self) or _support_problem(self)
         if problem:
             raise ConfigError(problem)
 
@@ -243,6 +257,31 @@ def _learning_problem(cfg: Config) -> str | None:
         return (f"--batch-size {cfg.batch_size} is not below --total-timesteps "
                 f"{cfg.total_timesteps}: the run would end before the replay buffer holds one "
                 "batch, so no update would run; lower --batch-size or raise --total-timesteps")
+    return None
+
+
+def _support_problem(cfg: Config) -> str | None:
+    """Why ``cfg``'s distributional critic settings do not make a support, or None: atoms
+    need both bounds, lowest first, and bounds need atoms."""
+    bounds = [flag_of(name) for name in ("v_min", "v_max") if getattr(cfg, name) is not None]
+    if not cfg.critic_atoms:
+        if bounds:
+            named = " and ".join(bounds)
+            what = "are the bounds" if len(bounds) == 2 else "is a bound"
+            return (f"{named} {what} of a distributional critic's support, but --critic-atoms "
+                    f"is 0 (the scalar critic); give --critic-atoms 51 (or 101) too, or drop "
+                    f"{named}")
+        return None
+    # The scale to suggest: the largest |Q| of rewards of 1, discounted by gamma.
+    scale = (f"|Q| is at most about max|r| / (1 - gamma) = max|r| x {1 / (1 - cfg.gamma):g}"
+             if cfg.gamma < 1 else "|Q| is at most about the largest episode return")
+    if len(bounds) < 2:
+        return (f"--critic-atoms {cfg.critic_atoms} needs the support's bounds --v-min and "
+                f"--v-max (e.g. --v-min -1700 --v-max 0 for Pendulum-v1; {scale})")
+    assert cfg.v_min is not None and cfg.v_max is not None
+    if not cfg.v_min < cfg.v_max:
+        return (f"--v-min {cfg.v_min:g} must be below --v-max {cfg.v_max:g}: they are the "
+                f"lowest and highest values of the critic's support ({scale})")
     return None
 
 

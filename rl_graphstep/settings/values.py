@@ -81,7 +81,7 @@ def _limit_problem(name: str, value: Any) -> str | None:
     cannot take: seeds and counts out of range, infinite rates, unusable names."""
     if name == "seed" and value > SEED_MAX:
         return f"must be at most {SEED_MAX} (2**32 - 1, numpy's seed range), got {value}"
-    if name in (*_POSITIVE_INTS, "learning_starts") and value > INT_MAX:
+    if name in (*_POSITIVE_INTS, "learning_starts", "critic_atoms") and value > INT_MAX:
         return f"must be at most {INT_MAX} (2**63 - 1), got {value}"
     if name == "num_envs" and value > MAX_NUM_ENVS:
         return f"must be at most {MAX_NUM_ENVS}, got {value}"
@@ -131,6 +131,11 @@ def value_problem(name: str, value: Any) -> str | None:
         return f"must be one or more positive ints, got {list(value)!r}"
     if name in _NOISES and not (value >= 0 and math.isfinite(value)):
         return f"must be a finite number >= 0, got {value!r}"
+    if name == "critic_atoms" and (value < 0 or value == 1):
+        return (f"must be 0 (the scalar critic) or at least 2 atoms (51 and 101 are typical), "
+                f"got {value!r}")
+    if name in ("v_min", "v_max") and value is not None and not math.isfinite(value):
+        return f"must be a finite number, got {value!r}"
     if name in ("actor", "critic") and value is not None:
         return _spec_problem(value)
     if name in ("env_id", "log_dir", "run_name") and value == "":

@@ -200,6 +200,49 @@ def test_ddpg_takes_a_single_q_critic(bad_file: Path) -> None:
     check_critic(critic, min_members=1, **SIZES)
 
 
+class Logits(nn.Module):
+    """A custom critic returning ``shape`` (B first) of zeros, with num_critics 2."""
+
+    num_critics = 2
+
+    def __init__(self, *shape: int) -> None:
+        super().__init__()
+        self.shape = shape
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, obs: torch.Tensor, act: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(obs.shape[0], *self.shape) * self.scale
+
+
+def test_a_distributional_critic_returns_logits_per_member_and_atom() -> None:
+    check_critic(EnsembleCritic(OBS_SPACE, ACT_SPACE, (8,), atoms=7), min_members=2, atoms=7,
+                 **SIZES)
+    check_critic(Logits(2, 7), min_members=2, atoms=7, **SIZES)
+
+
+@pytest.mark.parametrize(("critic", "min_members", "message"), [
+    (Logits(2), 2, r"Logits.forward returned shape \(256, 2\), expected \(256, E, 7\) with "
+                   r"E >= 2 members of 7 logits each \(--critic-atoms 7: the logits over each "
+                   r"member's atoms\)"),
+    (Logits(2, 5), 2, r"Logits.forward returned shape \(256, 2, 5\), expected \(256, E, 7\) "
+                      r"with .*"),
+    (Logits(1, 7), 2, r"Logits.forward returned shape \(256, 1, 7\), expected \(256, E, 7\) "
+                      r"with E >= 2 members .*"),
+    (Logits(3, 7), 1, r"Logits.forward returned 3 members per row, but its num_critics is 2"),
+])
+def test_a_critic_that_does_not_fit_the_atoms_is_refused(critic: nn.Module, min_members: int,
+                                                         message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        check_critic(critic, min_members=min_members, atoms=7, **SIZES)
+    assert re.fullmatch(message, str(info.value)), str(info.value)
+
+
+def test_logits_where_q_values_are_expected_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^Logits.forward returned shape \(256, 2, 7\), "
+                                          r"expected \(256, E\) with E >= 2 Q values per row$"):
+        check_critic(Logits(2, 7), min_members=2, **SIZES)
+
+
 def test_parameters_on_the_wrong_device() -> None:
     actor = DeterministicActor(OBS_SPACE, ACT_SPACE, (8,))
     with pytest.raises(ConfigError, match=r"^DeterministicActor net\.0\.weight is on cpu, "

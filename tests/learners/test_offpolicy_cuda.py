@@ -284,3 +284,87 @@ def test_a_captured_update_reads_the_observation_statistics_as_they_are_now(fuse
         assert torch.equal(made.actor_step.static_inputs, expected)
         assert torch.equal(made.critic_step.static_targets[:, 2:],
                            normalizer.normalize(raw_next).expand(256, 17))
+
+
+# ---------------------------------------------------------------- the distributional critic
+
+# --critic-atoms 51 on [-10, 10]: the buffer's rewards are standard normal draws.
+C51 = {"critic_atoms": 51, "v_min": -10.0, "v_max": 10.0}
+
+
+@pytest.mark.parametrize("algo", sorted(ALGORITHMS))
+def test_c51_captured_updates_match_eager(algo: str) -> None:
+    """--critic-atoms: the captured updates (the projection, the cross-entropy, the actor on
+    expected values) against the same updates run eagerly, from the same seed."""
+    buffer = filled_buffer(5000)
+    results = {}
+    for graphs in (True, False):
+        made, sums = learner(buffer, graphs, algo=algo, **C51)
+        assert made.algorithm.support is not None and made.algorithm.critic.atoms == 51
+        torch.manual_seed(7)
+        results[graphs] = (made, critic_losses(made, sums, 100))
+    (graph, graph_losses), (eager, eager_losses) = results[True], results[False]
+    assert isinstance(graph.critic_step, CudaGraphAdaptationStep) and graph.fused is not None
+    torch.testing.assert_close(graph_losses, eager_losses, rtol=1e-4, atol=1e-5)
+    assert_close_networks(graph, eager, algo)
+    assert graph_losses[-10:].mean() < graph_losses[:10].mean()  # it learns
+
+
+def test_compiled_c51_steps_learn_as_plain_ones() -> None:
+    """Compiled (the projection's sum fused), compared by outcome with the plain graphs, as
+    compiled and plain runs draw differently."""
+    buffer = filled_buffer()
+    final = {}
+    for compile in (False, True):
+        made, sums = learner(buffer, True, compile, **C51)
+        assert made.critic_step._body.uncompiled_parts == []
+        torch.manual_seed(3)
+        losses = critic_losses(made, sums, 300)
+        final[compile] = losses[-50:].mean().item()
+        assert losses[-50:].mean() < losses[:50].mean()
+    assert final[True] == pytest.approx(final[False], rel=0.1)
+
+
+def group_learner(seeds: int, fuse: bool, **settings: object
+                  ) -> tuple[OffPolicyLearner, MetricSums]:
+    """SAC of ``seeds`` seeds (one: a single run) over 3000 rows of each, built with CUDA
+    graphs, fused or not, from the same seeds every call."""
+    from rl_graphstep.run.netspec import make_seed_networks
+
+    cfg = Config(algo="sac", num_seeds=seeds, **settings)
+    kind = ALGORITHMS["sac"]
+    torch.manual_seed(0)
+    actors, critics = make_seed_networks(kind, cfg, tuple(range(1, seeds + 1)), OBS, ACT,
+                                         DEVICE)
+    algorithm = kind(actors, critics, cfg, action_size=6, device=DEVICE, seeds=seeds)
+    buffer = ReplayBuffer(3000, 17, 6, DEVICE, seeds=seeds)
+    rng, n = np.random.default_rng(0), 3000 * seeds
+    buffer.add(rng.normal(size=(n, 17)), rng.uniform(-1, 1, (n, 6)), rng.normal(size=n),
+               rng.normal(size=(n, 17)), rng.random(n) < 0.05)
+    plan = RunPlan(device=DEVICE, graphs=True, compile=False, action_stream=False,
+                   vec_env="sync", tf32=False)
+    made = OffPolicyLearner(algorithm, buffer, cfg, plan)
+    sums = MetricSums(shape=(seeds,) if seeds > 1 else ())
+    made.build(sums, fuse=fuse)
+    return made, sums
+
+
+@pytest.mark.parametrize("seeds", [1, 3])
+def test_c51_fused_update_graphs_match_the_separate_graphs_bit_for_bit(seeds: int) -> None:
+    """The projection sums over atoms with no atomic adds: the fused graph and the separate
+    ones compute the same bits, with one seed and with three."""
+    learners, per_update = {}, {}
+    for fuse in (False, True):
+        made, sums = group_learner(seeds, fuse, **C51)
+        torch.manual_seed(11)
+        history = []
+        for _ in range(40):
+            made.update()
+            history.append(sums.take() if seeds == 1 else sums.take_rows())
+        learners[fuse], per_update[fuse] = made, history
+    assert learners[False].fused is None and len(learners[True].fused.phases) == 2
+    assert per_update[True] == per_update[False]
+    assert_same_learning_state(learners[True], learners[False])
+    last = [v for k, v in learners[True].algorithm.critic.state_dict().items()
+            if k.endswith("weights.2")]
+    assert len(last) == 1 and last[0].shape[-1] == 51

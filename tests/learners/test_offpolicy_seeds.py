@@ -22,13 +22,19 @@ OBS = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
 ACT = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
 SEEDS = (1, 2, 3)
 
+# The scalar critic, and the distributional one (--critic-atoms), whose projection mixes the
+# atoms of each row: a row of another seed must not reach it.
+CRITICS = pytest.mark.parametrize("settings", [{}, {"critic_atoms": 11, "v_min": -5.0,
+                                                    "v_max": 5.0}], ids=["mse", "c51"])
 
-def group_learner(algo: str, rows: dict[str, np.ndarray]) -> tuple[OffPolicyLearner,
-                                                                    MetricSums]:
+
+def group_learner(algo: str, rows: dict[str, np.ndarray], **settings: object
+                  ) -> tuple[OffPolicyLearner, MetricSums]:
     """A built learner of three seeds (small default networks) over a buffer holding
-    ``rows`` (K x n transitions, seed k's rows k*n .. k*n+n-1)."""
+    ``rows`` (K x n transitions, seed k's rows k*n .. k*n+n-1), with the config
+    ``settings``."""
     cfg = Config(algo=algo, num_seeds=len(SEEDS), batch_size=16, hidden_sizes=(8, 8),
-                 policy_frequency=2)
+                 policy_frequency=2, **settings)
     kind = ALGORITHMS[algo]
     actors, critics = stack_pairs(
         lambda seed: (kind.default_actor(OBS, ACT, cfg), kind.default_critic(OBS, ACT, cfg)),
@@ -50,10 +56,11 @@ def replay_rows(n: int = 40) -> dict[str, np.ndarray]:
             "term": rng.random(k) < 0.1}
 
 
+@CRITICS
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
-def test_a_group_learns_per_seed_and_reports_per_seed(algo: str) -> None:
+def test_a_group_learns_per_seed_and_reports_per_seed(algo: str, settings: dict) -> None:
     torch.manual_seed(0)
-    learner, sums = group_learner(algo, replay_rows())
+    learner, sums = group_learner(algo, replay_rows(), **settings)
     before = {k: v.clone() for k, v in flat_state(learner).items()}
     for _ in range(6):
         learner.update()
@@ -67,8 +74,9 @@ def test_a_group_learns_per_seed_and_reports_per_seed(algo: str) -> None:
     assert learner.updates == 6
 
 
+@CRITICS
 @pytest.mark.parametrize("algo", sorted(ALGORITHMS))
-def test_a_change_in_one_seeds_data_reaches_no_other_seed(algo: str) -> None:
+def test_a_change_in_one_seeds_data_reaches_no_other_seed(algo: str, settings: dict) -> None:
     rows = replay_rows()
     changed = {name: value.copy() for name, value in rows.items()}
     n = len(rows["rew"]) // len(SEEDS)
@@ -77,7 +85,7 @@ def test_a_change_in_one_seeds_data_reaches_no_other_seed(algo: str) -> None:
     states = []
     for data in (rows, changed):
         torch.manual_seed(0)
-        learner, _ = group_learner(algo, data)
+        learner, _ = group_learner(algo, data, **settings)
         for _ in range(6):
             learner.update()
         states.append(flat_state(learner))

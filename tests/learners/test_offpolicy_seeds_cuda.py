@@ -27,9 +27,11 @@ OBS = gym.spaces.Box(-np.inf, np.inf, (OBS_SIZE,), np.float32)
 ACT = gym.spaces.Box(-1.0, 1.0, (ACT_SIZE,), np.float32)
 MODES = pytest.mark.parametrize("compile", [False, True], ids=["plain", "compiled"])
 # Without and with the large-batch recipe's --layer-norm --weight-decay (AdamW, whose decay
-# the masked step of a compiled group skips with the rest of a bad seed's step).
-SETTINGS = pytest.mark.parametrize("settings", [{}, {"layer_norm": True, "weight_decay": 0.01}],
-                                   ids=["adam", "layernorm-adamw"])
+# the masked step of a compiled group skips with the rest of a bad seed's step), and with a
+# distributional critic (--critic-atoms), whose projection must keep each seed's rows apart.
+SETTINGS = pytest.mark.parametrize("settings", [
+    {}, {"layer_norm": True, "weight_decay": 0.01},
+    {"critic_atoms": 51, "v_min": -10.0, "v_max": 10.0}], ids=["adam", "layernorm-adamw", "c51"])
 
 
 def rows_of_seeds(poisoned: int | None = None) -> dict[str, np.ndarray]:

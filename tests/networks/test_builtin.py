@@ -286,6 +286,40 @@ def test_ensemble_rejects_zero_critics() -> None:
         EnsembleCritic(OBS_SPACE, ACT_SPACE, num_critics=0)
 
 
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_a_distributional_ensemble_gives_each_member_its_atoms_logits(layer_norm: bool
+                                                                      ) -> None:
+    """--critic-atoms 7: the last layer has 7 outputs per member, forward (B, E, 7); the
+    hidden layers are those of the scalar critic, and member e's logits are an MLP's."""
+    critic = EnsembleCritic(OBS_SPACE, ACT_SPACE, hidden_sizes=(16, 8), num_critics=2,
+                            layer_norm=layer_norm, atoms=7)
+    scalar = EnsembleCritic(OBS_SPACE, ACT_SPACE, hidden_sizes=(16, 8), num_critics=2,
+                            layer_norm=layer_norm)
+    shapes = {name: p.shape for name, p in critic.named_parameters()}
+    assert shapes["weights.2"] == (2, 8, 7) and shapes["biases.2"] == (2, 1, 7)
+    assert {n: s for n, s in shapes.items() if n not in ("weights.2", "biases.2")} == {
+        n: p.shape for n, p in scalar.named_parameters() if n not in ("weights.2", "biases.2")}
+    obs, act = torch.randn(20, 5), torch.rand(20, 3) * 2 - 1
+    logits = critic(obs, act)
+    assert logits.shape == (20, 2, 7)
+    if layer_norm:
+        return
+    x = torch.cat([obs, act], 1)
+    for e in range(2):
+        h = torch.relu(x @ critic.weights[0][e] + critic.biases[0][e])
+        h = torch.relu(h @ critic.weights[1][e] + critic.biases[1][e])
+        torch.testing.assert_close(logits[:, e], h @ critic.weights[2][e] + critic.biases[2][e])
+
+
+def test_the_default_critic_takes_its_atoms_from_the_config() -> None:
+    cfg = Config(critic_atoms=11, v_min=-1.0, v_max=1.0, hidden_sizes=(8,))
+    critic = SAC.default_critic(OBS_SPACE, ACT_SPACE, cfg)
+    assert critic.atoms == 11 and critic(torch.zeros(3, 5), torch.zeros(3, 3)).shape == (3, 2, 11)
+    assert SAC.default_critic(OBS_SPACE, ACT_SPACE, Config(hidden_sizes=(8,))).atoms == 0
+    with pytest.raises(ConfigError, match="atoms must be 0 \\(Q values\\) or at least 2, got 1"):
+        EnsembleCritic(OBS_SPACE, ACT_SPACE, atoms=1)
+
+
 def test_networks_reject_image_spaces() -> None:
     image = gym.spaces.Box(0, 255, (8, 8, 3), np.uint8)
     with pytest.raises(ConfigError, match="flat"):

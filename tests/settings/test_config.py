@@ -220,6 +220,51 @@ def test_new_flags_are_checked(argv: list[str], message: str) -> None:
         load_config(argv)
 
 
+# ------------------------------------------------------------- the distributional critic
+
+
+def test_critic_atoms_and_the_support_from_flags_and_yaml(tmp_path: Path) -> None:
+    assert (Config().critic_atoms, Config().v_min, Config().v_max) == (0, None, None)
+    # A negative bound is a value, not a flag.
+    cfg = load_config(["--critic-atoms", "51", "--v-min", "-1700", "--v-max", "0"])
+    assert (cfg.critic_atoms, cfg.v_min, cfg.v_max) == (51, -1700.0, 0.0)
+    path = write(tmp_path, "critic_atoms: 101\nv_min: -2.5e2\nv_max: 250\n")
+    cfg = load_config(["--config", path])
+    assert (cfg.critic_atoms, cfg.v_min, cfg.v_max) == (101, -250.0, 250.0)
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--critic-atoms", "1"], r"^--critic-atoms must be 0 \(the scalar critic\) or at least 2 "
+                              r"atoms \(51 and 101 are typical\), got 1$"),
+    (["--critic-atoms", "-5"], r"^--critic-atoms must be 0 .* got -5$"),
+    (["--critic-atoms", "51"], r"^--critic-atoms 51 needs the support's bounds --v-min and "
+                               r"--v-max \(e.g. --v-min -1700 --v-max 0 for Pendulum-v1; \|Q\| is "
+                               r"at most about max\|r\| / \(1 - gamma\) = max\|r\| x 100\)$"),
+    (["--critic-atoms", "51", "--v-max", "10"], r"^--critic-atoms 51 needs the support's bounds"),
+    (["--critic-atoms", "51", "--v-min", "10", "--v-max", "-10"],
+     r"^--v-min 10 must be below --v-max -10: they are the lowest and highest values of the "
+     r"critic's support \(\|Q\| is at most about max\|r\| / \(1 - gamma\) = max\|r\| x 100\)$"),
+    (["--critic-atoms", "51", "--v-min", "3", "--v-max", "3", "--gamma", "0.9"],
+     r"^--v-min 3 must be below --v-max 3: .* = max\|r\| x 10\)$"),
+    (["--critic-atoms", "51", "--v-min=-inf", "--v-max", "0"],
+     r"^--v-min must be a finite number, got -inf$"),
+    (["--v-min", "-10"], r"^--v-min is a bound of a distributional critic's support, but "
+                         r"--critic-atoms is 0 \(the scalar critic\); give --critic-atoms 51 "
+                         r"\(or 101\) too, or drop --v-min$"),
+    (["--v-min", "-10", "--v-max", "10"], r"^--v-min and --v-max are the bounds of a "
+                                          r"distributional critic's support, but .* or drop "
+                                          r"--v-min and --v-max$"),
+])
+def test_critic_atoms_and_bounds_are_checked_in_one_line(argv: list[str], message: str) -> None:
+    one_line_error(argv, message)
+
+
+def test_a_bad_bound_in_yaml_names_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "critic_atoms: 51\nv_min: low\nv_max: 0\n")
+    one_line_error(["--config", path], r"^v_min must be a number or null, got 'low' in ")
+
+
 # ----------------------------------------------------------------------------- seed groups
 
 
