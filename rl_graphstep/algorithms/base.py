@@ -24,12 +24,12 @@ Metrics = dict[str, Tensor]
 class OffPolicyAlgorithm:
     """The base of SAC, TD3 and DDPG.
 
-    A subclass writes what its paper writes: the next actions of its TD target
-    (:meth:`next_actions`), :meth:`actor_loss`, the actor's optimizer groups, how it explores,
-    and its schedule
-    (:meth:`actor_steps`, :meth:`after_critic_step`, :meth:`after_actor_steps`). The schedule
-    takes the update's number explicitly and must repeat every :meth:`update_period` updates:
-    the learner records one fused update per phase of it.
+    A subclass writes what its paper writes: its TD target's next actions
+    (:meth:`next_actions`; the targets and the critic loss are shared), :meth:`actor_loss`,
+    the actor's optimizer groups, how it explores, and its schedule (:meth:`actor_steps`,
+    :meth:`after_critic_step`, :meth:`after_actor_steps`). The schedule takes the update's
+    number explicitly and must repeat every :meth:`update_period` updates: the learner records
+    one fused update per phase of it.
 
     With ``seeds`` = K > 1 the networks are K seeds' networks batched (every input and output
     with a leading K dimension) and each loss returns one value per seed, (K,), for the learner

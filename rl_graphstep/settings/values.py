@@ -73,6 +73,9 @@ MAX_NUM_ENVS = 4096
 MAX_UPDATES_PER_STEP = 1000
 # Longer returns than this is a typo (FastTD3 uses 3 to 8); each env keeps its last N steps.
 MAX_N_STEP = 64
+# More atoms than this is a typo (C51 uses 51, FastTD3 101 to 251, FastSAC up to 501); the
+# projection holds batch x atoms x atoms floats for a moment.
+MAX_CRITIC_ATOMS = 1024
 _STRINGS = ("env_id", "log_dir", "run_name", "resume", "actor", "critic")
 
 
@@ -81,7 +84,7 @@ def _limit_problem(name: str, value: Any) -> str | None:
     cannot take: seeds and counts out of range, infinite rates, unusable names."""
     if name == "seed" and value > SEED_MAX:
         return f"must be at most {SEED_MAX} (2**32 - 1, numpy's seed range), got {value}"
-    if name in (*_POSITIVE_INTS, "learning_starts", "critic_atoms") and value > INT_MAX:
+    if name in (*_POSITIVE_INTS, "learning_starts") and value > INT_MAX:
         return f"must be at most {INT_MAX} (2**63 - 1), got {value}"
     if name == "num_envs" and value > MAX_NUM_ENVS:
         return f"must be at most {MAX_NUM_ENVS}, got {value}"
@@ -89,6 +92,8 @@ def _limit_problem(name: str, value: Any) -> str | None:
         return f"must be at most {MAX_UPDATES_PER_STEP}, got {value}"
     if name == "n_step" and value > MAX_N_STEP:
         return f"must be at most {MAX_N_STEP}, got {value}"
+    if name == "critic_atoms" and value > MAX_CRITIC_ATOMS:
+        return f"must be at most {MAX_CRITIC_ATOMS}, got {value}"
     if name == "num_seeds":
         return num_seeds_problem(value)
     if name in ("policy_lr", "q_lr") and not math.isfinite(value):

@@ -238,6 +238,7 @@ def test_critic_atoms_and_the_support_from_flags_and_yaml(tmp_path: Path) -> Non
     (["--critic-atoms", "1"], r"^--critic-atoms must be 0 \(the scalar critic\) or at least 2 "
                               r"atoms \(51 and 101 are typical\), got 1$"),
     (["--critic-atoms", "-5"], r"^--critic-atoms must be 0 .* got -5$"),
+    (["--critic-atoms", "5001"], r"^--critic-atoms must be at most 1024, got 5001$"),
     (["--critic-atoms", "51"], r"^--critic-atoms 51 needs the support's bounds --v-min and "
                                r"--v-max \(e.g. --v-min -1700 --v-max 0 for Pendulum-v1; \|Q\| is "
                                r"at most about max\|r\| / \(1 - gamma\) = max\|r\| x 100\)$"),
