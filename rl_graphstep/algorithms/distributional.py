@@ -52,6 +52,7 @@ class CategoricalSupport:
         index = lowest.unsqueeze(-1).expand(*lowest.shape, self.atoms)  # (..., B, 1, A)
         return probabilities.gather(-2, index).squeeze(-2)
 
+    @torch.no_grad()
     def project(self, probabilities: Tensor, rewards: Tensor, discounts: Tensor) -> Tensor:
         """The distribution of ``rewards + discounts * Z`` (Z with ``probabilities`` (..., B, A)
         on the atoms; rewards and discounts (..., B, 1)) projected onto the atoms: (..., B, A).
@@ -65,14 +66,16 @@ class CategoricalSupport:
         ``index_add_``: on the GPU that adds atomically, in an order that varies from run to
         run, and the updates would no longer be reproducible to the bit. The price is a
         transient (..., B, A, A) tensor (334 MB for a batch of 8192 and 101 atoms; compiled,
-        the sum is fused and it is never stored).
+        the sum is fused and it is never stored). A target is not differentiated: no grad.
         """
         # Clamped as positions rather than values: the top atom is then at A - 1 exactly,
         # where (v_max - v_min) / delta may round to a hair above it and lose that hair.
         positions = ((rewards + discounts * self.z - self.v_min) / self.delta).clamp(
             0, self.atoms - 1)  # (..., B, A)
-        shares = (1 - (positions.unsqueeze(-1) - self.index).abs()).clamp(min=0)
-        return (probabilities.unsqueeze(-1) * shares).sum(dim=-2)
+        # max(0, 1 - |b_j - i|) for source j (dim -2) and atom i (dim -1), computed in place:
+        # this (..., B, A, A) tensor is the projection's one large allocation.
+        shares = (positions.unsqueeze(-1) - self.index).abs_().neg_().add_(1).clamp_(min=0)
+        return shares.mul_(probabilities.unsqueeze(-1)).sum(dim=-2)
 
     @staticmethod
     def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
