@@ -46,9 +46,7 @@ def typed_value(name: str, kind: Any, value: Any, *, switch: bool = False) -> An
     try:
         if kind is int:
             return _as_int(value)
-        if kind in (float, float | None):
-            if value is None and kind is not float:
-                return None
+        if kind is float:
             return _as_float(value)
         if kind is bool:
             if not isinstance(value, bool):
