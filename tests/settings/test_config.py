@@ -11,7 +11,7 @@ import pytest
 from configtools import one_line_error, write
 from processtools import run_python
 
-from rl_graphstep.algorithms import ALGORITHMS
+from rl_graphstep.algorithms import OFF_POLICY_ALGORITHMS as ALGORITHMS
 from rl_graphstep.core.errors import ConfigError
 from rl_graphstep.run.flags import load_config
 from rl_graphstep.settings.config import (
