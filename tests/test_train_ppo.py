@@ -181,9 +181,10 @@ def test_the_rollout_keeps_the_unclipped_sample(tmp_path: Path,
 @pytest.mark.slow
 def test_ppo_learns_cartpole_on_the_cpu(tmp_path: Path) -> None:
     """CleanRL's ppo.py settings (configs/ppo_classic.yaml) on CartPole-v1 for 100k steps:
-    the last 10 episodes' mean return passes 150 (CleanRL reaches ~490 by 500k)."""
+    the last 10 episodes' mean return passes 200 (379.5 measured, 23 s on this 2-CPU machine;
+    CleanRL reaches ~490 by 500k)."""
     summary = train(load_config([
         "--env", "CartPole-v1", "--algo", "ppo", "--config", str(CONFIGS / "ppo_classic.yaml"),
         "--total-timesteps", "100000", "--device", "cpu", "--no-progress",
         "--log-dir", str(tmp_path)]))
-    assert summary["mean_return_last_10"] > 150
+    assert summary["mean_return_last_10"] > 200
