@@ -5,8 +5,8 @@ environments, store the transitions, update critic and actor from a replay sampl
 checkpoint. The learner kind decides what an iteration's update is: an off-policy one
 updates from its replay buffer every step; PPO's collector adds each step to the rollout and
 updates once it is full (every ``num_steps`` vector steps), and checkpoints wait for a
-rollout boundary. Ctrl-C, SIGTERM, SIGHUP and a console whose reader went away finish the current
-step, save a checkpoint and flush the logs.
+rollout boundary. Ctrl-C, SIGTERM, SIGHUP and a console whose reader went away finish the
+current step, save a checkpoint and flush the logs.
 """
 
 from __future__ import annotations
@@ -119,7 +119,9 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None,
 
 def _loop(run: Run, stops: list[int]) -> None:
     """Random actions until ``learning_starts``, the policy's after; from then on every
-    iteration also makes ``updates_per_step`` updates, each on a fresh replay sample."""
+    iteration also makes ``updates_per_step`` updates, each on a fresh replay sample. PPO
+    acts with its policy from the first step, and the iteration that fills its rollout
+    updates from it."""
     cfg, progress, collector, learner = run.cfg, run.progress, run.collector, run.learner
     on_policy = isinstance(collector, RolloutCollector)
     while progress.global_step < cfg.total_timesteps:

@@ -58,8 +58,7 @@ class RolloutCollector:
         self._high = None if self.discrete else space.high
         self._dtype = space.dtype
         self._stepper = EnvStepper(envs)
-        # The env step at which the rollout under way began (a boundary: no rollout stored).
-        self.updated = False  # whether the last step ended a rollout (and updated)
+        self.updated = False  # whether the last step filled the rollout (and updated)
 
     @property
     def in_env_step(self) -> bool:
@@ -106,13 +105,6 @@ class RolloutCollector:
         if self.updated and update is not None:
             update(self.learner.values(self._tensor(next_observations)))
         return rewards, terminations, truncations
-
-    def discard_rollout(self) -> int:
-        """Drop the rollout under way (a run stopped mid-rollout saves the learner of its
-        last update; the resumed run starts a fresh rollout); returns the steps dropped."""
-        steps = self.rollout.step
-        self.rollout.reset()
-        return steps
 
     def flush(self, global_step: int) -> None:
         """Nothing waits to be stored: every step is in the rollout when ``step`` returns."""
