@@ -150,34 +150,13 @@ def _loop(run: Run, stops: list[int]) -> None:
         done = step >= cfg.total_timesteps
         if step % cfg.log_interval < cfg.num_envs or done or stops:
             _log(run)
-        if _checkpoint_due(run, step) or done or stops:
+        if collector.checkpoint_due(step, cfg.checkpoint_every) or done or stops:
             saved = save_run(cfg, run.run_dir, progress, learner, collector)
         if stops:
             raise TrainingInterrupted(
                 stops[0], f"{_stop_name(stops[0])} at step {step}: checkpoint {saved} saved "
-                f"and logs flushed{_rollout_dropped(collector)}; continue with: "
+                f"and logs flushed{collector.stop_note()}; continue with: "
                 f"{suggested_command('train', '--resume', str(run.run_dir))}")
-
-
-def _checkpoint_due(run: Run, step: int) -> bool:
-    """Whether the step just taken is one to save at: every ``checkpoint_every`` steps; for
-    an on-policy run at the first rollout boundary at or after each such step (a checkpoint
-    holds no rollout under way)."""
-    every, collector = run.cfg.checkpoint_every, run.collector
-    if isinstance(collector, RolloutCollector):
-        rollout = run.cfg.num_envs * run.cfg.num_steps
-        return collector.updated and step // every > (step - rollout) // every
-    return step % every < run.cfg.num_envs
-
-
-def _rollout_dropped(collector: Any) -> str:
-    """What a stop's line adds for an on-policy run stopped mid-rollout: the checkpoint
-    holds the learner of the last update, and the resumed run starts a fresh rollout."""
-    if not isinstance(collector, RolloutCollector) or collector.at_boundary:
-        return ""
-    steps = collector.rollout.step
-    return (f" (mid-rollout: the last {steps} step{'s' if steps > 1 else ''} of each env are "
-            "not learned from; the resumed run starts a new rollout)")
 
 
 def _saved_before(run: Run, error: EnvError) -> EnvError:

@@ -57,6 +57,8 @@ class Collector:
         self.buffer = buffer
         self.tally = tally
         self.seed_tallies = list(seed_tallies)
+        # A seed's envs (the loop counts each seed's steps): K x n rows with K seeds.
+        self.envs_per_seed = envs.num_envs // max(1, len(self.seed_tallies))
         self.policy: ActionPipe | None = None  # None: only random actions
         space = envs.single_action_space
         self._low, self._high = space.low, space.high
@@ -159,6 +161,15 @@ class Collector:
     def unstored_nonfinite(self) -> int:
         """The non-finite rows of the transition not stored yet (see :meth:`step`)."""
         return self.tally.count(self._pending)
+
+    def checkpoint_due(self, step: int, every: int) -> bool:
+        """Whether the loop saves after ``step`` (each env's steps): every ``every`` of them,
+        an iteration stepping each env of a seed once."""
+        return step % every < self.envs_per_seed
+
+    def stop_note(self) -> str:
+        """What a stop's line adds about this collector's state: nothing is lost here."""
+        return ""
 
     @contextlib.contextmanager
     def _waiting(self) -> Iterator[None]:

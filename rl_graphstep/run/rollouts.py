@@ -111,3 +111,18 @@ class RolloutCollector:
 
     def unstored_nonfinite(self) -> int:
         return 0
+
+    def checkpoint_due(self, step: int, every: int) -> bool:
+        """Whether the loop saves after ``step``: at the first rollout boundary at or after
+        each multiple of ``every`` (a checkpoint holds no rollout under way)."""
+        rollout = self.num_envs * self.rollout.num_steps  # a seed's steps per rollout
+        return self.updated and step // every > (step - rollout) // every
+
+    def stop_note(self) -> str:
+        """What a stop's line adds mid-rollout: the checkpoint holds the learner of the last
+        update, and the resumed run starts a fresh rollout."""
+        if self.at_boundary:
+            return ""
+        steps = self.rollout.step
+        return (f" (mid-rollout: the last {steps} step{'s' if steps > 1 else ''} of each env "
+                "are not learned from; the resumed run starts a new rollout)")
