@@ -30,6 +30,7 @@ _CLASSES: dict[str, str] = {
     "sac": "rl_graphstep.algorithms.sac:SAC",
     "td3": "rl_graphstep.algorithms.td3:TD3",
     "ddpg": "rl_graphstep.algorithms.ddpg:DDPG",
+    "crossq": "rl_graphstep.algorithms.crossq:CrossQ",
 }
 
 

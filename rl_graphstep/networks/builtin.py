@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rl_graphstep.core.errors import ConfigError
+from rl_graphstep.networks.batchrenorm import BatchRenorm, BatchRenormSettings, renorm_blocks
 
 __all__ = [
     "LOG_STD_MAX",
@@ -143,13 +144,16 @@ class _DefaultActor(nn.Module):
 
 class SquashedGaussianActor(_DefaultActor):
     """SAC's actor: a ReLU MLP giving a Gaussian's mean and log-std, squashed by tanh
-    (arguments as :class:`_DefaultActor`)."""
+    (arguments as :class:`_DefaultActor`; ``batch_renorm``: CrossQ's trunk, batch
+    renormalisation of the input and after each hidden ReLU)."""
 
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Box,
-                 hidden_sizes: Sequence[int] = (256, 256), *, layer_norm: bool = False) -> None:
+                 hidden_sizes: Sequence[int] = (256, 256), *, layer_norm: bool = False,
+                 batch_renorm: BatchRenormSettings | None = None) -> None:
         super().__init__(observation_space, action_space)
         sizes = [self.observation_size, *hidden_sizes]
-        self.trunk = hidden_blocks(sizes, layer_norm=layer_norm)
+        self.trunk = (hidden_blocks(sizes, layer_norm=layer_norm) if batch_renorm is None
+                      else renorm_blocks(sizes, batch_renorm))
         self.mean = nn.Linear(sizes[-1], self.action_size)
         self.log_std = nn.Linear(sizes[-1], self.action_size)
 
@@ -199,6 +203,9 @@ class EnsembleCritic(nn.Module):
     `layer_norm`, each hidden layer's output is normalised over its width and scaled and
     shifted by member e's own `norm_weights[l][e]` / `norm_biases[l][e]` (init 1 and 0)
     before the ReLU: member e is then an `nn.LayerNorm` MLP with those affine parameters.
+    With `batch_renorm` (CrossQ), the input and each hidden layer's output after its ReLU are
+    batch-renormalised with member e's own statistics, scale and shift (each shaped
+    (E, width)), as the original's vmapped critics keep theirs; `normalization` says which.
 
     Args:
         observation_space: flat Box of the observations.
@@ -208,6 +215,7 @@ class EnsembleCritic(nn.Module):
         layer_norm: a LayerNorm after each hidden layer, before its ReLU (``--layer-norm``).
         atoms: 0 for one Q value per member; A > 0 for a distributional critic, whose last
             layer gives each member A logits over the atoms of its support (``--critic-atoms``).
+        batch_renorm: batch renormalisation's settings (CrossQ), or None: none.
     """
 
     def __init__(
@@ -219,6 +227,7 @@ class EnsembleCritic(nn.Module):
         *,
         layer_norm: bool = False,
         atoms: int = 0,
+        batch_renorm: BatchRenormSettings | None = None,
     ) -> None:
         super().__init__()
         if num_critics < 1:
@@ -241,6 +250,14 @@ class EnsembleCritic(nn.Module):
                 nn.Parameter(torch.ones(num_critics, width)) for width in hidden_sizes)
             self.norm_biases = nn.ParameterList(
                 nn.Parameter(torch.zeros(num_critics, width)) for width in hidden_sizes)
+        # How it normalises, for the algorithms that need to know (CrossQ needs batch
+        # statistics; see rl_graphstep.algorithms.crossq).
+        self.normalization = ("batch_renorm" if batch_renorm is not None
+                              else "layer_norm" if self.layer_norm else "none")
+        if batch_renorm is not None:  # only then, as layer_norm's parameters
+            self.input_renorm = BatchRenorm(sizes[0], (num_critics,), batch_renorm)
+            self.hidden_renorms = nn.ModuleList(
+                BatchRenorm(width, (num_critics,), batch_renorm) for width in hidden_sizes)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -270,6 +287,9 @@ class EnsembleCritic(nn.Module):
         """Q values shaped (B, num_critics); with atoms, logits (B, num_critics, atoms)."""
         x = torch.cat([observations, actions], dim=-1)
         h = x.unsqueeze(0).expand(self.num_critics, -1, -1)
+        renorm = self.normalization == "batch_renorm"
+        if renorm:
+            h = self.input_renorm(h)
         last = len(self.weights) - 1
         for i, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
             # Not `baddbmm`: on CUDA it first copies the broadcast bias into its output (a
@@ -280,6 +300,8 @@ class EnsembleCritic(nn.Module):
                 if self.layer_norm:
                     h = self._normalised(h, i)
                 h = torch.relu(h)
+                if renorm:
+                    h = self.hidden_renorms[i](h)
         if self.atoms:
             return h.transpose(0, 1)
         return h.squeeze(-1).transpose(0, 1)
