@@ -134,7 +134,7 @@ def value_problem(name: str, value: Any) -> str | None:
         return seed_list_problem(value)
     if name == "critic_hidden_sizes" and value is not None and (
             not value or any(w <= 0 for w in value)):
-        return f"must be one or more positive ints (or None: --hidden-sizes), got {value!r}"
+        return f"must be one or more positive ints (or None: --hidden-sizes), got {list(value)!r}"
     if name == "batch_renorm_momentum" and not 0 < value <= 1:
         return f"must be in (0, 1], got {value!r}"
     if name == "batch_renorm_warmup" and value < 0:
