@@ -103,4 +103,4 @@ def test_crossq_learns_pendulum_on_cpu(tmp_path: Path) -> None:
     cfg = load_config(["--env", "Pendulum-v1", "--algo", "crossq", "--device", "cpu",
                        "--log-dir", str(tmp_path), "--no-progress"])
     summary = train(cfg)
-    assert summary.mean_return >= -300
+    assert summary["mean_return_last_10"] >= -300, summary
