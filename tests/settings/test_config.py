@@ -206,7 +206,7 @@ def test_settings_import_no_algorithm_and_the_command_line_lists_the_names() -> 
     out = run_python("-c", code, capture_output=True, text=True, check=True).stdout
     assert out == "[]\n{sac,td3,ddpg,crossq} []\n"
     assert {name: cls.name for name, cls in ALGORITHMS.items()} == {n: n for n in ALGORITHMS}
-    assert "ppo" not in ALGORITHMS and len(ALGORITHMS) == 3
+    assert "ppo" not in ALGORITHMS and len(ALGORITHMS) == 4
 
 
 @pytest.mark.parametrize(("argv", "message"), [
