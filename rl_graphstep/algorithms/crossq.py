@@ -21,11 +21,15 @@ from rl_graphstep.algorithms.sac import SAC
 from rl_graphstep.core.errors import ConfigError
 from rl_graphstep.networks.batchrenorm import BatchRenormSettings, InTrainingMode, training_mode
 from rl_graphstep.networks.builtin import EnsembleCritic, SquashedGaussianActor
-from rl_graphstep.settings.config import Config
+from rl_graphstep.settings.config import Config, field_default
+from rl_graphstep.settings.values import flag_of
 
 # The critics that CrossQ can train: they normalise over the batch in training mode and with
 # running statistics in inference mode (the learner switches the modes).
 BATCH_NORMALIZATIONS = ("batch_renorm", "batch_norm")
+
+# The settings of a target network: a run that set them would not get what it asked for.
+TARGET_SETTINGS = ("tau", "target_network_frequency")
 
 # Adam's betas, the paper's (Section 4, and the original's `adam_b1 = 0.5`): the moment
 # estimates must follow the critic as fast as the batch statistics move.
@@ -70,6 +74,10 @@ class CrossQ(SAC):
         if self.support is not None:
             raise ConfigError("--critic-atoms: CrossQ's critic gives Q values (its TD target "
                               "reads them from the joint forward); leave --critic-atoms 0")
+        for name in TARGET_SETTINGS:
+            if getattr(cfg, name) != field_default(Config.__dataclass_fields__[name]):
+                raise ConfigError(f"{flag_of(name)} sets the target network, which CrossQ "
+                                  f"does not have: leave {flag_of(name)} out")
         self.actor.eval()
         self.critic.eval()
 

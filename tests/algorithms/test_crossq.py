@@ -198,6 +198,16 @@ def test_crossq_settings_are_refused_by_the_other_algorithms(settings: dict, lin
         check_settings(Config(**settings))
 
 
+@pytest.mark.parametrize(("setting", "flag"), [({"tau": 0.01}, "--tau"),
+                                              ({"target_network_frequency": 2},
+                                               "--target-network-frequency")])
+def test_target_network_settings_are_refused_in_one_line(setting: dict, flag: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        make_crossq(**setting)
+    assert str(error.value) == (f"{flag} sets the target network, which CrossQ does not have: "
+                                f"leave {flag} out")
+
+
 def test_a_distributional_critic_or_layer_norm_is_refused_in_one_line() -> None:
     with pytest.raises(ConfigError, match=r"^--critic-atoms: CrossQ's critic gives Q values"):
         make_crossq(critic_atoms=51, v_min=-10.0, v_max=0.0)
