@@ -14,7 +14,9 @@ A custom network plugs in if it meets `SACActor` / `Critic` below and runs insid
   with CUDA graphs; without `sample(observations, noise)` the action runs in line).
 - critic: `critic(observations, actions) -> (B, E)`, one Q value per ensemble member, and a
   `num_critics` attribute giving E; with `--critic-atoms A` (a distributional critic),
-  `(B, E, A)`: each member's logits over the A atoms of the support.
+  `(B, E, A)`: each member's logits over the A atoms of the support. A CrossQ critic has a
+  `normalization` attribute, `"batch_renorm"` or `"batch_norm"`: it normalises over the batch
+  in training mode and with running statistics in inference mode (the learner sets the mode).
 - both: fixed shapes, no host syncs (`.item()`, `bool(t)`, Python `if` on a tensor, `nonzero`,
   boolean-mask indexing), no `torch.distributions` (its argument validation syncs), and noise
   drawn on the input's device (`torch.randn_like`) so each graph replay gets fresh noise.
