@@ -1,9 +1,12 @@
-"""`python -m rl_graphstep.train --env ENV`: the off-policy training loop and its command line.
+"""`python -m rl_graphstep.train --env ENV`: the training loop and its command line.
 
 The loop reads like the algorithm: act (randomly before ``learning_starts``), step the
 environments, store the transitions, update critic and actor from a replay sample, log,
-checkpoint. Ctrl-C, SIGTERM, SIGHUP and a console whose reader went away finish the current
-step, save a checkpoint and flush the logs.
+checkpoint. The learner kind decides what an iteration's update is: an off-policy one
+updates from its replay buffer every step; PPO's collector adds each step to the rollout and
+updates once it is full (every ``num_steps`` vector steps), and checkpoints wait for a
+rollout boundary. Ctrl-C, SIGTERM, SIGHUP and a console whose reader went away finish the
+current step, save a checkpoint and flush the logs.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from rl_graphstep.run.cli import (
 from rl_graphstep.run.console import say, summary_line
 from rl_graphstep.run.flags import load_config
 from rl_graphstep.run.nonfinite import mostly_skipped, nonfinite_stop_message, not_learned
+from rl_graphstep.run.rollouts import RolloutCollector
 from rl_graphstep.run.setup import Reporter, Run, set_up
 from rl_graphstep.run.state import save_run
 from rl_graphstep.run.threads import loop_threads
@@ -115,10 +119,15 @@ def train(cfg: Config, *, actor: NetworkSpec = None, critic: NetworkSpec = None,
 
 def _loop(run: Run, stops: list[int]) -> None:
     """Random actions until ``learning_starts``, the policy's after; from then on every
-    iteration also makes ``updates_per_step`` updates, each on a fresh replay sample."""
+    iteration also makes ``updates_per_step`` updates, each on a fresh replay sample. PPO
+    acts with its policy from the first step, and the iteration that fills its rollout
+    updates from it."""
     cfg, progress, collector, learner = run.cfg, run.progress, run.collector, run.learner
+    on_policy = isinstance(collector, RolloutCollector)
     while progress.global_step < cfg.total_timesteps:
-        if not learner.built and progress.global_step + cfg.num_envs > cfg.learning_starts:
+        if on_policy and not learner.built:  # PPO acts with its policy from the first step
+            _start_learning(run)
+        elif not learner.built and progress.global_step + cfg.num_envs > cfg.learning_starts:
             collector.flush(progress.global_step)  # the last transition counts, too
             # len(buffer): a run resumed without its buffer first refills one batch.
             if len(learner.buffer) >= cfg.batch_size:
@@ -141,13 +150,34 @@ def _loop(run: Run, stops: list[int]) -> None:
         done = step >= cfg.total_timesteps
         if step % cfg.log_interval < cfg.num_envs or done or stops:
             _log(run)
-        if step % cfg.checkpoint_every < cfg.num_envs or done or stops:
+        if _checkpoint_due(run, step) or done or stops:
             saved = save_run(cfg, run.run_dir, progress, learner, collector)
         if stops:
             raise TrainingInterrupted(
                 stops[0], f"{_stop_name(stops[0])} at step {step}: checkpoint {saved} saved "
-                f"and logs flushed; continue with: "
+                f"and logs flushed{_rollout_dropped(collector)}; continue with: "
                 f"{suggested_command('train', '--resume', str(run.run_dir))}")
+
+
+def _checkpoint_due(run: Run, step: int) -> bool:
+    """Whether the step just taken is one to save at: every ``checkpoint_every`` steps; for
+    an on-policy run at the first rollout boundary at or after each such step (a checkpoint
+    holds no rollout under way)."""
+    every, collector = run.cfg.checkpoint_every, run.collector
+    if isinstance(collector, RolloutCollector):
+        rollout = run.cfg.num_envs * run.cfg.num_steps
+        return collector.updated and step // every > (step - rollout) // every
+    return step % every < run.cfg.num_envs
+
+
+def _rollout_dropped(collector: Any) -> str:
+    """What a stop's line adds for an on-policy run stopped mid-rollout: the checkpoint
+    holds the learner of the last update, and the resumed run starts a fresh rollout."""
+    if not isinstance(collector, RolloutCollector) or collector.at_boundary:
+        return ""
+    steps = collector.rollout.step
+    return (f" (mid-rollout: the last {steps} step{'s' if steps > 1 else ''} of each env are "
+            "not learned from; the resumed run starts a new rollout)")
 
 
 def _saved_before(run: Run, error: EnvError) -> EnvError:
@@ -191,15 +221,21 @@ def _start_learning(run: Run) -> None:
     updates run, in one line and in tensorboard's text."""
     began = time.perf_counter()
     learner, algorithm = run.learner, run.learner.algorithm
-    with quiet_compiler():
-        plan = learner.build(run.log.logger.sums)
-    run.plan = settle_action_stream(plan, algorithm.exploration_noise_size(),
-                                    type(algorithm.actor).__name__)
-    space = run.collector.envs.single_action_space
-    run.collector.act_with(policy_pipe(algorithm, run.plan, run.collector.envs.num_envs,
-                                       learner.buffer.observation_size, space,
-                                       staged=run.staged_actor,
-                                       normalizer=learner.buffer.normalizer))
+    if isinstance(run.collector, RolloutCollector):
+        # The learner acts itself (no action pipe). Its build draws nothing from the CPU
+        # generator the run acts with: a resumed run samples as the straight one does.
+        with quiet_compiler(), torch.random.fork_rng(devices=[]):
+            run.plan = learner.build(run.log.logger.sums)
+    else:
+        with quiet_compiler():
+            plan = learner.build(run.log.logger.sums)
+        run.plan = settle_action_stream(plan, algorithm.exploration_noise_size(),
+                                        type(algorithm.actor).__name__)
+        space = run.collector.envs.single_action_space
+        run.collector.act_with(policy_pipe(algorithm, run.plan, run.collector.envs.num_envs,
+                                           learner.buffer.observation_size, space,
+                                           staged=run.staged_actor,
+                                           normalizer=learner.buffer.normalizer))
     if run.plan.device.type == "cuda":
         torch.cuda.synchronize(run.plan.device)
     # Compiling leaves hundreds of thousands of long-lived Python objects (600,000 after
@@ -257,7 +293,11 @@ def _summary(run: Run) -> dict[str, Any]:
     policy = collector.policy
     # A resumed run already at --total-timesteps takes no step: nothing was asked of it.
     steps_taken = progress.global_step - run.clock.start[1]
-    learning = progress.global_step > cfg.learning_starts
+    on_policy = isinstance(collector, RolloutCollector)
+    # An on-policy run's updates are due once a rollout is full; it has no replay buffer.
+    learning = (progress.global_step >= cfg.num_envs * cfg.num_steps if on_policy
+                else progress.global_step > cfg.learning_starts)
+    stored = 0 if on_policy else len(run.learner.buffer)
     return {
         "run_dir": str(run.run_dir),
         "global_step": progress.global_step,
@@ -278,7 +318,7 @@ def _summary(run: Run) -> dict[str, Any]:
         # Why the run did not learn (the exit-3 line), None when it did or took no step.
         "not_learned": None if steps_taken == 0 else not_learned(
             updates, progress.tallies, steps=progress.global_step, learning=learning,
-            stored=len(run.learner.buffer), batch_size=cfg.batch_size, run_dir=str(run.run_dir)),
+            stored=stored, batch_size=cfg.batch_size, run_dir=str(run.run_dir)),
         "steps_taken": steps_taken,
         "total_timesteps": cfg.total_timesteps,
         **run.clock.summary(progress.global_step, collector.waited, collector.waits),

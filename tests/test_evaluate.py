@@ -17,7 +17,7 @@ from fakes import SpaceBreaker
 from processtools import run
 
 from rl_graphstep import train
-from rl_graphstep.algorithms import ALGORITHMS
+from rl_graphstep.algorithms import OFF_POLICY_ALGORITHMS as ALGORITHMS
 from rl_graphstep.core.errors import EnvError
 from rl_graphstep.envs.make import make_env
 from rl_graphstep.evaluate import EvaluationResult, evaluate, main

@@ -153,7 +153,8 @@ def test_the_last_transition_is_written_while_the_next_action_is_computed(
     [
         (["--env", "Pendulm-v1"], "unknown environment 'Pendulm-v1'; did you mean Pendulum-v1?"),
         (["--env", "CartPole-v1"],
-         "SAC needs a continuous action space; CartPole-v1 has Discrete(2)"),
+         "SAC needs a continuous action space; CartPole-v1 has Discrete(2) (--algo ppo takes "
+         "discrete actions)"),
         (["--config", "no/such/file.yaml"], "no/such/file.yaml"),
         (["--tau", "2"], "--tau must be in (0, 1], got 2.0"),
         (["--batch-size", "-1"], "--batch-size"),

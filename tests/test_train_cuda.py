@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from rl_graphstep.algorithms import ALGORITHMS
+from rl_graphstep.algorithms import OFF_POLICY_ALGORITHMS as ALGORITHMS
 from rl_graphstep.core.errors import CaptureError, ConfigError
 from rl_graphstep.networks.builtin import DeterministicActor
 from rl_graphstep.run import acting

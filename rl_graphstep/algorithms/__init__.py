@@ -1,5 +1,6 @@
-"""The off-policy actor-critic algorithms, by the name ``--algo`` takes: the one registry.
-A new algorithm is a module in this folder and one line in ``_CLASSES``.
+"""The actor-critic algorithms, by the name ``--algo`` takes: the one registry. A new
+algorithm is a module in this folder and one line in ``_CLASSES``. The off-policy ones
+(SAC, TD3, DDPG, CrossQ) train with a replay buffer; PPO with rollouts (``ON_POLICY``).
 
 Classes are imported on first use, so that the command line can list the names without
 importing any algorithm (torch and the networks).
@@ -19,11 +20,13 @@ from rl_graphstep.settings.values import flag_of
 if TYPE_CHECKING:
     from rl_graphstep.algorithms.base import OffPolicyAlgorithm
     from rl_graphstep.algorithms.ddpg import DDPG
+    from rl_graphstep.algorithms.ppo import PPO
     from rl_graphstep.algorithms.sac import SAC
     from rl_graphstep.algorithms.td3 import TD3
 
-__all__ = ["ALGORITHMS", "DDPG", "SAC", "TD3", "OffPolicyAlgorithm", "algorithm_class",
-           "check_algorithm", "check_settings", "listed"]
+__all__ = ["ALGORITHMS", "DDPG", "OFF_POLICY_ALGORITHMS", "ON_POLICY", "PPO", "SAC", "TD3",
+           "OffPolicyAlgorithm", "algorithm_class", "check_algorithm", "check_settings",
+           "is_on_policy", "listed"]
 
 # --algo name -> "module:Class"; a new algorithm is one line here.
 _CLASSES: dict[str, str] = {
@@ -31,7 +34,10 @@ _CLASSES: dict[str, str] = {
     "td3": "rl_graphstep.algorithms.td3:TD3",
     "ddpg": "rl_graphstep.algorithms.ddpg:DDPG",
     "crossq": "rl_graphstep.algorithms.crossq:CrossQ",
+    "ppo": "rl_graphstep.algorithms.ppo:PPO",
 }
+# The algorithms that learn from rollouts of their current policy (the on-policy learner).
+ON_POLICY: tuple[str, ...] = ("ppo",)
 
 
 def _load(spec: str) -> Any:
@@ -39,27 +45,45 @@ def _load(spec: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-class _Registry(Mapping[str, "type[OffPolicyAlgorithm]"]):
+class _Registry(Mapping[str, Any]):
     """A read-only ``{name: class}`` mapping whose names need no import and whose classes
-    are imported when looked up."""
+    are imported when looked up; ``off_policy``: only the off-policy ones."""
 
-    def __getitem__(self, name: str) -> type[OffPolicyAlgorithm]:
+    def __init__(self, *, off_policy: bool = False) -> None:
+        self.off_policy = off_policy
+
+    def _names(self) -> list[str]:
+        return [n for n in _CLASSES if not (self.off_policy and n in ON_POLICY)]
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._names():
+            raise KeyError(name)
         return _load(_CLASSES[name])
 
     def __contains__(self, name: object) -> bool:
-        return name in _CLASSES  # Mapping's default would import the class
+        return name in self._names()  # Mapping's default would import the class
 
     def __iter__(self) -> Iterator[str]:
-        return iter(_CLASSES)
+        return iter(self._names())
 
     def __len__(self) -> int:
-        return len(_CLASSES)
+        return len(self._names())
 
     def __repr__(self) -> str:
-        return f"ALGORITHMS({', '.join(_CLASSES)})"
+        kind = "OFF_POLICY_ALGORITHMS" if self.off_policy else "ALGORITHMS"
+        return f"{kind}({', '.join(self._names())})"
 
 
-ALGORITHMS: Mapping[str, type[OffPolicyAlgorithm]] = _Registry()
+ALGORITHMS: Mapping[str, Any] = _Registry()
+"""Every algorithm, by name: the off-policy classes and PPO."""
+OFF_POLICY_ALGORITHMS: Mapping[str, type[OffPolicyAlgorithm]] = _Registry(off_policy=True)
+"""SAC, TD3 and DDPG: the algorithms of the replay buffer and the off-policy learner."""
+
+
+def is_on_policy(name: str) -> bool:
+    """Whether ``--algo name`` learns from rollouts (the on-policy learner) rather than a
+    replay buffer; imports nothing."""
+    return name in ON_POLICY
 
 
 def check_algorithm(name: str, source: str | None = None) -> None:
@@ -90,7 +114,7 @@ def listed(f: dataclasses.Field[Any]) -> bool:
     return any(name in _CLASSES for name in f.metadata.get("algos", _CLASSES))
 
 
-def algorithm_class(name: str) -> type[OffPolicyAlgorithm]:
+def algorithm_class(name: str) -> Any:
     """The class ``--algo name`` trains, imported now; an unknown name is one ConfigError line."""
     check_algorithm(name)
     return ALGORITHMS[name]

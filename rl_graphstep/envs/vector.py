@@ -168,11 +168,17 @@ def check_continuous_spaces(
     Pass the single-env spaces (`envs.single_observation_space`, `envs.single_action_space`).
     The action space must be a 1-D float `Box` of at least one entry with finite bounds a
     finite width apart (the policy's [-1, 1] output is scaled onto them); the observation
-    space must be a 1-D `Box` of at least one entry (the networks are MLPs).
+    space must be a 1-D `Box` of at least one entry (the networks are MLPs). PPO (``algo``
+    "ppo") also acts in a `Discrete` action space (its categorical actor).
     """
     name = algo.upper()
+    if algo == "ppo" and isinstance(action_space, gym.spaces.Discrete):
+        _check_observations(env_id, observation_space, name)
+        return
     if not isinstance(action_space, gym.spaces.Box):
-        raise EnvError(f"{name} needs a continuous action space; {env_id} has {action_space}")
+        raise EnvError(f"{name} needs a continuous action space; {env_id} has {action_space}"
+                       + (" (--algo ppo takes discrete actions)"
+                          if isinstance(action_space, gym.spaces.Discrete) else ""))
     if len(action_space.shape) != 1:
         raise EnvError(f"{name} needs a flat (1-D) Box action space; {env_id} has {action_space}")
     if action_space.shape[0] == 0:
@@ -197,6 +203,10 @@ def check_continuous_spaces(
         if not np.all(np.isfinite(width)):
             raise EnvError(f"{name} needs action bounds whose width (high - low) is a finite "
                            f"{dtype}; {env_id} has {action_space}")
+    _check_observations(env_id, observation_space, name)
+
+
+def _check_observations(env_id: str, observation_space: gym.Space, name: str) -> None:
     if not isinstance(observation_space, gym.spaces.Box) or len(observation_space.shape) != 1:
         raise EnvError(
             f"{name} needs a flat Box observation space; {env_id} has {observation_space} "

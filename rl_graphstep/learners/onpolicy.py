@@ -296,6 +296,12 @@ class OnPolicyLearner:
             counts[kind] = 0 if guard is None else int(guard.skipped.sum().item())
         return counts
 
+    def steps_made(self, updates: int) -> dict[str, int]:
+        """The critic and actor steps of the first ``updates`` updates, over all seeds: one
+        of each per minibatch of every epoch (a target-KL stop's gated steps included)."""
+        steps = updates * self.cfg.update_epochs * self.cfg.num_minibatches * self.seeds
+        return {"critic": steps, "actor": steps}
+
     # ------------------------------------------------------------------ checkpoints
 
     def _learning_state(self) -> dict[str, Any]:

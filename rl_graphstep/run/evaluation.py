@@ -15,7 +15,7 @@ import torch
 from gymnasium import error as gym_error
 from torch import nn
 
-from rl_graphstep.algorithms import OffPolicyAlgorithm, algorithm_class
+from rl_graphstep.algorithms import OffPolicyAlgorithm, algorithm_class, is_on_policy
 from rl_graphstep.core.errors import CheckpointError, ConfigError, EnvError, display_path
 from rl_graphstep.core.netcheck import evaluation_action
 from rl_graphstep.data.normalizer import ObservationNormalizer
@@ -100,7 +100,7 @@ class RunPolicies:
 
 def _stochastic_note(actor: nn.Module, algorithm: type[OffPolicyAlgorithm]) -> str:
     """What the summary adds when the returns are not of deterministic actions."""
-    if algorithm.actor_kind == "stochastic" and not callable(
+    if getattr(algorithm, "actor_kind", None) == "stochastic" and not callable(
             getattr(actor, "deterministic_action", None)):
         return f" (stochastic actions: {type(actor).__name__} has no deterministic_action)"
     return ""
@@ -150,8 +150,11 @@ def _load_actor(algorithm: type[OffPolicyAlgorithm], cfg: Config, state: dict, e
     weights = state["agent"].get("actor")
     if weights is None:
         raise CheckpointError(f"checkpoint {shown} has no actor weights (agent['actor'])")
-    actor, _ = make_networks(algorithm, cfg, env.observation_space, env.action_space, device,
-                             actor, critic)
+    if is_on_policy(cfg.algo):  # PPO's built-in actor (custom ones are refused at training)
+        actor = algorithm.default_actor(env.observation_space, env.action_space, cfg).to(device)
+    else:
+        actor, _ = make_networks(algorithm, cfg, env.observation_space, env.action_space,
+                                 device, actor, critic)
     try:
         if cfg.num_seeds > 1:
             weights = _member_weights(actor, weights, cfg.num_seeds, member)
@@ -211,6 +214,20 @@ def _act(actor: nn.Module, algorithm: type[OffPolicyAlgorithm], observations: to
     return evaluation_action(actor, algorithm.actor_kind, observations)
 
 
+def _env_action(actor: nn.Module, algorithm: type, observations: torch.Tensor,
+                space: gym.Space) -> np.ndarray | int:
+    """The action the env takes for one observation (1, O): an off-policy actor's [-1, 1]
+    action scaled onto the space; PPO's mean clipped to the space (as training clips its
+    samples), or its most likely action's index."""
+    if is_on_policy(algorithm.name):
+        action = actor.deterministic_action(observations)[0].cpu().numpy()
+        if isinstance(space, gym.spaces.Discrete):
+            return int(action[0])
+        return np.clip(action, space.low, space.high).astype(space.dtype, copy=False)
+    action = _act(actor, algorithm, observations)[0].cpu().numpy()
+    return scale_action(action, space.low, space.high).astype(space.dtype, copy=False)
+
+
 @torch.no_grad()
 def _run_episode(env: gym.Env, actor: nn.Module, algorithm: type[OffPolicyAlgorithm],
                  device: torch.device, seed: int,
@@ -224,9 +241,8 @@ def _run_episode(env: gym.Env, actor: nn.Module, algorithm: type[OffPolicyAlgori
         obs = torch.as_tensor(observation, dtype=torch.float32, device=device).unsqueeze(0)
         if normalize is not None:
             obs = normalize(obs)
-        action = _act(actor, algorithm, obs)[0].cpu().numpy()
         observation, reward, terminated, truncated, _ = env.step(
-            scale_action(action, space.low, space.high).astype(space.dtype, copy=False))
+            _env_action(actor, algorithm, obs, space))
         total += float(reward)
         done = terminated or truncated
     return total

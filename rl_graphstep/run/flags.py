@@ -49,12 +49,14 @@ def build_parser(shown: ShownDefaults | None = None) -> argparse.ArgumentParser:
     # Mistakes raise one ConfigError line; no abbreviations (--learning is no --learning-starts).
     parser = OneLineParser(
         prog="python -m rl_graphstep.train",
-        description="Train an off-policy actor-critic agent with CUDA-graph-captured updates."
+        description="Train an actor-critic agent (SAC, TD3, DDPG off-policy; PPO on-policy) "
+                    "with CUDA-graph-captured updates."
         + (f" {shown.note}" if shown else ""),
         epilog=(
             "Precedence: built-in defaults < the shipped YAML for --algo and the env "
             "(configs/{algo}_pendulum.yaml for Pendulum-v1, configs/{algo}_mujoco.yaml for "
-            "MuJoCo envs; only without --config) < --config FILE < flags given here."
+            "MuJoCo envs, configs/{algo}_classic.yaml for CartPole, Acrobot and MountainCar; "
+            "only without --config) < --config FILE < flags given here."
         ),
         argument_default=argparse.SUPPRESS,
         removed=removed_flags(),

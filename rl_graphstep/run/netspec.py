@@ -334,3 +334,19 @@ def make_seed_networks(algorithm: type[OffPolicyAlgorithm], cfg: Config, seeds: 
                                                    action_space, device, actor, critic),
                        seeds, observation_size=observation_space.shape[0],
                        action_size=action_space.shape[0])
+
+
+def make_ppo_networks(algorithm: Any, cfg: Config, seeds: Sequence[int],
+                      observation_space: gym.Space, action_space: gym.Space,
+                      device: torch.device) -> tuple[nn.Module, nn.Module]:
+    """PPO's built-in actor (Gaussian for a Box action space, categorical for a Discrete
+    one) and value network on ``device``; for K seeds each seed's pair built as that seed
+    alone builds it, stacked on a leading seed dimension (as :func:`make_seed_networks`)."""
+    def pair(_seed: int | None = None) -> tuple[nn.Module, nn.Module]:
+        with allocation_errors(device):
+            return (algorithm.default_actor(observation_space, action_space, cfg).to(device),
+                    algorithm.default_critic(observation_space, action_space, cfg).to(device))
+
+    if len(seeds) == 1:
+        return pair()
+    return stack_pairs(pair, seeds)

@@ -13,12 +13,13 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from rl_graphstep.algorithms import algorithm_class, check_settings
+from rl_graphstep.algorithms import algorithm_class, check_settings, is_on_policy
 from rl_graphstep.core.compiling import updates_ahead
 from rl_graphstep.core.errors import ConfigError
 from rl_graphstep.data.buffer import ReplayBuffer
 from rl_graphstep.data.normalizer import ObservationNormalizer
 from rl_graphstep.data.nstep import NStepRows
+from rl_graphstep.data.rollout import Rollout
 from rl_graphstep.envs.vector import (
     check_trained_observations,
     first_reset,
@@ -26,6 +27,7 @@ from rl_graphstep.envs.vector import (
     seed_everything,
 )
 from rl_graphstep.learners import OffPolicyLearner
+from rl_graphstep.learners.onpolicy import OnPolicyLearner
 from rl_graphstep.networks.custom import NetworkSpec
 from rl_graphstep.networks.seeds import SeedStack
 from rl_graphstep.run.acting import ActionPipe, acting_policy
@@ -40,10 +42,12 @@ from rl_graphstep.run.collector import Collector
 from rl_graphstep.run.console import LoopClock
 from rl_graphstep.run.netspec import (
     describe_networks,
+    make_ppo_networks,
     make_seed_networks,
     networks_of_run,
     record_networks,
 )
+from rl_graphstep.run.rollouts import RolloutCollector
 from rl_graphstep.run.rundir import (
     PartialSaves,
     RunLock,
@@ -71,8 +75,8 @@ class Run:
     cfg: Config  # with the custom networks' specs as recorded
     run_dir: Path
     progress: Progress
-    learner: OffPolicyLearner
-    collector: Collector
+    learner: OffPolicyLearner | OnPolicyLearner
+    collector: Collector | RolloutCollector
     plan: RunPlan
     log: RunLog
     clock: LoopClock
@@ -92,14 +96,17 @@ def _check_named_folder(cfg: Config, run_dir: Path, *, resumed: bool) -> None:
                           else " or pick another --log-dir or --run-name")
 
 
-def _moved_and_resumed(cfg: Config, resumed: dict[str, Any] | None, step: int, stored: int,
+def _moved_and_resumed(cfg: Config, resumed: dict[str, Any] | None, step: int,
+                       stored: int | None,
                        changes: str, set_aside: Path | None, earlier: Path | None,
                        removed: PartialSaves | None) -> str:
     """The first line's end: where a resume starts and what it changed, and what the start
-    moved or removed in the folder."""
+    moved or removed in the folder. ``stored``: the replay buffer's rows (None for an
+    on-policy run, which has none to refill)."""
     return ((f"; resumed at step {step}{changes}" if resumed else "")
             + (_refill_note(cfg, step, stored)
-               if resumed is not None and resumed.get("buffer") is None else "")
+               if resumed is not None and resumed.get("buffer") is None and stored is not None
+               else "")
             + (f"; later checkpoints moved to {set_aside}" if set_aside else "")
             + (f"; the logs of an earlier start, which saved no checkpoint, moved to "
                f"{earlier}" if earlier else "")
@@ -130,9 +137,12 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
         _check_named_folder(cfg, run_dir, resumed=resumed is not None)
     removed = None if by_clock else clean_partial_saves(run_dir)
     start_step = int(resumed["global_step"]) if resumed else 0
-    plan = plan_run(cfg, device, updates_ahead=updates_ahead(
-        cfg.total_timesteps, start_step, cfg.learning_starts, cfg.num_envs,
-        cfg.updates_per_step), cpus=cpus)
+    on_policy = is_on_policy(cfg.algo)
+    plan = plan_run(cfg, device, updates_ahead=_updates_ahead(cfg, start_step, on_policy),
+                    cpus=cpus)
+    if on_policy:
+        plan = dataclasses.replace(plan, action_stream=False, insist_on_action_stream=False,
+                                   acting_note=ON_POLICY_ACTING)
     seeds = cfg.seed_list  # a group of K seeds steps K x num_envs envs
     seed_everything(seeds[0])
     envs = make_vec_env(cfg.env_id, num_envs=len(seeds) * cfg.num_envs, seed=seeds[0],
@@ -145,12 +155,14 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     if resumed is not None:  # before its networks meet ones built for another env
         check_trained_observations(cfg.env_id, observation_space, resumed, str(run_dir),
                                    "resume")
-    observation_size, action_size = observation_space.shape[0], action_space.shape[0]
+    observation_size, action_size = observation_space.shape[0], _action_size(action_space)
 
     if resumed is not None:  # its recorded file networks are the copies in its folder
         actor, critic = networks_of_run(cfg, resumed["config"], run_dir, actor, critic)
     learner = _learner(cfg, plan, observation_space, action_space, actor, critic)
-    algorithm, buffer, normalizer = learner.algorithm, learner.buffer, learner.buffer.normalizer
+    algorithm = learner.algorithm
+    buffer = None if isinstance(learner, OnPolicyLearner) else learner.buffer
+    normalizer = None if buffer is None else buffer.normalizer
     progress = Progress.of(cfg.env_id, seeds, cfg.num_envs)
     # n-step rows are built on the host as transitions arrive (see data.nstep).
     nstep = (NStepRows(cfg.n_step, cfg.gamma, len(seeds), cfg.num_envs, observation_size,
@@ -164,10 +176,15 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     # Resumed from an older checkpoint: the later ones belong to the abandoned timeline. Moved
     # once the checkpoint is restored, so a resume refused on the way leaves them be.
     set_aside = set_aside_later(run_dir, int(resumed["global_step"])) if resumed else None
-    collector = Collector(envs, observations, buffer, progress.nonfinite,
-                          seed_tallies=progress.tallies if progress.grouped else (),
-                          nstep=nstep)
-    if resumed is not None and learner.updates > 0 and len(buffer) < cfg.batch_size:
+    collector: Collector | RolloutCollector
+    if isinstance(learner, OnPolicyLearner):
+        collector = RolloutCollector(envs, observations, learner, progress.nonfinite)
+    else:
+        collector = Collector(envs, observations, learner.buffer, progress.nonfinite,
+                              seed_tallies=progress.tallies if progress.grouped else (),
+                              nstep=nstep)
+    if (buffer is not None and resumed is not None and learner.updates > 0
+            and len(buffer) < cfg.batch_size):
         # A trained policy resumed without a batch in its buffer acts at once, eagerly,
         # until the buffer refills one and the learner is built; nothing is captured for it.
         normalize = None if normalizer is None else normalizer.normalize
@@ -186,9 +203,11 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     earlier = set_aside_earlier_logs(run_dir) if resumed is None and not by_clock else None
     log = RunLog.open(cfg, run_dir, progress.global_step, resumed=bool(resumed),
                       launched=launched)
+    storage = _rollout_words(learner.rollout) if buffer is None else buffer.describe()
     first_line = (f"{run_dir}: {cfg.algo.upper()} on {cfg.env_id}, {device}; "
-                  f"{buffer.describe()}" + describe_networks(custom)
-                  + _moved_and_resumed(cfg, resumed, progress.global_step, len(buffer), changes,
+                  f"{storage}" + describe_networks(custom)
+                  + _moved_and_resumed(cfg, resumed, progress.global_step,
+                                       None if buffer is None else len(buffer), changes,
                                        set_aside, earlier, removed))
     return Run(cfg, run_dir, progress, learner, collector, plan, log,
                LoopClock(progress.global_step), first_line,
@@ -200,6 +219,13 @@ def _check_networks_asked(cfg: Config, actor: NetworkSpec, critic: NetworkSpec) 
     algorithm, and network settings the networks would ignore (a run trained before that
     check resumes as it trained)."""
     check_settings(cfg)
+    if is_on_policy(cfg.algo):
+        given = [flag for flag, net in (("--actor", actor or cfg.actor),
+                                        ("--critic", critic or cfg.critic)) if net is not None]
+        if given:
+            raise ConfigError(f"{' and '.join(given)}: custom networks for --algo "
+                              f"{cfg.algo} are not supported yet; drop {' and '.join(given)} "
+                              "(PPO trains its built-in networks, sized by --hidden-sizes)")
     if not cfg.resume:
         problem = network_problem(cfg, actor=(actor or cfg.actor) is not None,
                                   critic=(critic or cfg.critic) is not None)
@@ -207,14 +233,48 @@ def _check_networks_asked(cfg: Config, actor: NetworkSpec, critic: NetworkSpec) 
             raise ConfigError(problem)
 
 
+ON_POLICY_ACTING = "actions sampled by the learner in line (the action stream is off-policy)"
+
+
+def _updates_ahead(cfg: Config, start_step: int, on_policy: bool) -> int:
+    """The minibatch (on-policy) or replay (off-policy) updates the run will still make,
+    which decide automatic compiling."""
+    if not on_policy:
+        return updates_ahead(cfg.total_timesteps, start_step, cfg.learning_starts,
+                             cfg.num_envs, cfg.updates_per_step)
+    rollouts = max(0, cfg.total_timesteps - start_step) // (cfg.num_envs * cfg.num_steps)
+    return rollouts * cfg.update_epochs * cfg.num_minibatches
+
+
+def _action_size(space: gym.Space) -> int:
+    """The width of an action as the learner stores it: 1 for a Discrete one (its index)."""
+    return 1 if isinstance(space, gym.spaces.Discrete) else space.shape[0]
+
+
+def _rollout_words(rollout: Rollout) -> str:
+    """The first line's words for the rollout storage, as ``buffer.describe()`` for a
+    replay buffer."""
+    seeds = f"{rollout.seeds} seeds x " if rollout.seeds > 1 else ""
+    return (f"rollouts: {seeds}{rollout.num_steps} steps x {rollout.num_envs} env"
+            f"{'s' if rollout.num_envs > 1 else ''} on {rollout.device}")
+
+
 def _learner(cfg: Config, plan: RunPlan, observation_space: gym.spaces.Box,
-             action_space: gym.spaces.Box, actor: NetworkSpec, critic: NetworkSpec
-             ) -> OffPolicyLearner:
+             action_space: gym.Space, actor: NetworkSpec, critic: NetworkSpec
+             ) -> OffPolicyLearner | OnPolicyLearner:
     """The run's learner: each seed's networks, the algorithm, the replay buffer (with the
-    observation statistics of ``--obs-norm``) on the plan's device."""
+    observation statistics of ``--obs-norm``) on the plan's device; for PPO, its rollout
+    storage and the on-policy learner."""
     seeds, device = len(cfg.seed_list), plan.device
-    observation_size, action_size = observation_space.shape[0], action_space.shape[0]
+    observation_size, action_size = observation_space.shape[0], _action_size(action_space)
     kind = algorithm_class(cfg.algo)
+    if is_on_policy(cfg.algo):
+        actor_net, critic_net = make_ppo_networks(kind, cfg, cfg.seed_list, observation_space,
+                                                  action_space, device)
+        rollout = Rollout(cfg.num_steps, cfg.num_envs, observation_size, action_size, device,
+                          seeds=seeds)
+        return OnPolicyLearner(kind(actor_net, critic_net, cfg, device=device, seeds=seeds),
+                               rollout, cfg, plan)
     actor_net, critic_net = make_seed_networks(kind, cfg, cfg.seed_list, observation_space,
                                                action_space, device, actor, critic)
     normalizer = (ObservationNormalizer(seeds, observation_size, device)

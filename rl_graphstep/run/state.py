@@ -22,9 +22,11 @@ from rl_graphstep.data.normalizer import ObservationNormalizer
 from rl_graphstep.data.nstep import NStepRows
 from rl_graphstep.envs.vector import EpisodeStatistics, rng_state, set_rng_state
 from rl_graphstep.learners import OffPolicyLearner
+from rl_graphstep.learners.onpolicy import OnPolicyLearner
 from rl_graphstep.run.checkpoint import FORMAT, networks_mismatch, save_checkpoint
 from rl_graphstep.run.collector import Collector
 from rl_graphstep.run.nonfinite import NonFiniteTally
+from rl_graphstep.run.rollouts import RolloutCollector
 from rl_graphstep.settings.config import (
     Config,
     config_from_dict,
@@ -167,13 +169,20 @@ def _pickled_envs(envs: gym.vector.VectorEnv) -> bytes | None:
         return None
 
 
-def save_run(cfg: Config, run_dir: Path, progress: Progress, learner: OffPolicyLearner,
-             collector: Collector, *, with_envs: bool = True) -> Path:
+def save_run(cfg: Config, run_dir: Path, progress: Progress,
+             learner: OffPolicyLearner | OnPolicyLearner,
+             collector: Collector | RolloutCollector, *, with_envs: bool = True) -> Path:
     """Write a checkpoint of the run as it stands (the last transition stored first);
-    without the envs' state where ``with_envs`` is false (their episodes restart on resume)."""
+    without the envs' state where ``with_envs`` is false (their episodes restart on resume).
+
+    An on-policy run saves no rollout: its learner is the one of the last update, and a
+    resumed run starts a fresh rollout from the saved envs. Saved at a rollout boundary (the
+    loop's periodic and final checkpoints) that is the run going on exactly; saved mid-rollout
+    (a stop, an error), the steps of the rollout under way are not learned from."""
     collector.flush(progress.global_step)
     policy = collector.policy
     staged = policy.staged_actor() if policy is not None else []
+    buffer = collector.buffer
     state = {
         "format": FORMAT,
         "config": config_to_dict(cfg),
@@ -186,18 +195,19 @@ def save_run(cfg: Config, run_dir: Path, progress: Progress, learner: OffPolicyL
         "rng": rng_state(),
         "envs": _pickled_envs(collector.envs) if with_envs else None,
         "observations": collector.observations,
-        "buffer": collector.buffer.state_dict() if cfg.save_buffer else None,
+        "buffer": buffer.state_dict() if cfg.save_buffer and buffer is not None else None,
         "staged_actor": staged or None,
         # The n-step windows under way and their rows not stored yet (--n-step above 1).
         "nstep": collector.nstep.state_dict() if collector.nstep is not None else None,
         # Saved whether or not the buffer is: an obs-norm policy acts through them.
-        "obs_normalizer": (None if collector.buffer.normalizer is None
-                           else collector.buffer.normalizer.state_dict()),
+        "obs_normalizer": (None if buffer is None or buffer.normalizer is None
+                           else buffer.normalizer.state_dict()),
     }
     return save_checkpoint(run_dir, progress.global_step, state, keep=cfg.keep_checkpoints)
 
 
-def restore_run(state: dict[str, Any], learner: OffPolicyLearner, progress: Progress,
+def restore_run(state: dict[str, Any], learner: OffPolicyLearner | OnPolicyLearner,
+                progress: Progress,
                 envs: gym.vector.VectorEnv, nstep: NStepRows | None = None
                 ) -> tuple[gym.vector.VectorEnv, np.ndarray]:
     """Put a checkpoint back: learner (before any capture), buffer, counters, RNG, envs, and
@@ -211,9 +221,10 @@ def restore_run(state: dict[str, Any], learner: OffPolicyLearner, progress: Prog
         built = (f"the actor {type(algorithm.actor).__name__} and critic "
                  f"{type(algorithm.critic).__name__}")
         raise CheckpointError(networks_mismatch(state, learner.cfg, error, built)) from None
-    if state.get("buffer") is not None:
-        learner.buffer.load_state_dict(state["buffer"])
-    _load_normalizer(learner.buffer.normalizer, state.get("obs_normalizer"))
+    if isinstance(learner, OffPolicyLearner):
+        if state.get("buffer") is not None:
+            learner.buffer.load_state_dict(state["buffer"])
+        _load_normalizer(learner.buffer.normalizer, state.get("obs_normalizer"))
     progress.global_step = int(state["global_step"])
     progress.episodes = int(state["episodes"])
     _load_progress_state(progress, state, learner.updates)
@@ -269,7 +280,8 @@ def _kind(envs: gym.vector.VectorEnv) -> str:
     return f"{envs.num_envs} {kind} env{'s' if envs.num_envs > 1 else ''}"
 
 
-def _progress_state(progress: Progress, learner: OffPolicyLearner) -> dict[str, Any]:
+def _progress_state(progress: Progress, learner: OffPolicyLearner | OnPolicyLearner
+                    ) -> dict[str, Any]:
     """A single run's returns and tally as before; a group's as one list per seed."""
     if not progress.grouped:
         return {"recent_returns": list(progress.recent_returns),

@@ -41,8 +41,10 @@ def field_default(f: dataclasses.Field[Any]) -> Any:
     return f.default
 
 
-# The settings of PPO alone (see option's ``algos``).
+# The settings of PPO alone, of the off-policy algorithms alone and of CrossQ alone (see
+# option's ``algos``).
 PPO_ONLY = ("ppo",)
+OFF_POLICY = ("sac", "td3", "ddpg", "crossq")
 CROSSQ_ONLY = ("crossq",)
 
 
@@ -80,7 +82,8 @@ class Config:
         "shared (worker processes polling shared memory, one per CPU but one) or auto "
         "(shared with CUDA graphs, several envs and at least 4 CPUs on x86-64, else sync)"
     )
-    updates_per_step: int = option(1, "gradient updates per environment iteration")
+    updates_per_step: int = option(1, "gradient updates per environment iteration",
+        algos=OFF_POLICY)
     tf32: bool = option(
         False, "float32 matmuls on TF32 tensor cores (CUDA): faster, with products rounded "
         "to a 10-bit mantissa"
@@ -90,67 +93,70 @@ class Config:
         "updates, waiting for none of them: from the actor as it was at the previous action "
         "(one round of updates behind), with the exploration noise drawn on the host; auto "
         "(on with CUDA graphs and an actor that takes host noise), on, or off (on the "
-        "updates' stream, from the actor after the last update, noise drawn on the device)"
-    )
-    buffer_size: int = option(1_000_000, "replay buffer capacity in transitions")
-    batch_size: int = option(256, "rows per gradient update")
+        "updates' stream, from the actor after the last update, noise drawn on the device)",
+        algos=OFF_POLICY)
+    buffer_size: int = option(1_000_000, "replay buffer capacity in transitions", algos=OFF_POLICY)
+    batch_size: int = option(256, "rows per gradient update", algos=OFF_POLICY)
     obs_norm: bool = option(
         False, "normalise observations by each seed's running mean and std, (x - mean) / "
         "(std + 0.01), updated from the observations of every stored transition: the replay "
         "buffer keeps raw ones, the updates and the policy see normalised ones; for badly "
-        "scaled observations (Humanoid, Ant) and many envs, as FastTD3 and FastSAC do"
-    )
+        "scaled observations (Humanoid, Ant) and many envs, as FastTD3 and FastSAC do",
+        algos=OFF_POLICY)
     gamma: float = option(0.99, "discount factor")
     n_step: int = option(
         1, "n-step returns: each stored transition sums up to N discounted rewards (fewer "
-        "where the episode ends) and bootstraps N steps later; 1: one-step targets"
-    )
-    tau: float = option(0.005, "target network Polyak averaging rate")
-    learning_starts: int = option(5000, "environment steps of random actions before learning")
-    policy_lr: float = option(3e-4, "actor (and SAC temperature) learning rate")
-    q_lr: float = option(1e-3, "critic learning rate")
+        "where the episode ends) and bootstraps N steps later; 1: one-step targets",
+        algos=OFF_POLICY)
+    tau: float = option(0.005, "target network Polyak averaging rate", algos=OFF_POLICY)
+    learning_starts: int = option(5000, "environment steps of random actions before learning",
+        algos=OFF_POLICY)
+    policy_lr: float = option(3e-4, "actor (and SAC temperature) learning rate", algos=OFF_POLICY)
+    q_lr: float = option(1e-3, "critic learning rate", algos=OFF_POLICY)
     weight_decay: float = option(
         0.0, "decoupled weight decay of the actor's and critic's optimizers: > 0 makes them "
         "AdamW with it, for large batches and several updates per step, as FastTD3 (0.1) "
-        "and FastSAC (0.001) use it; 0: Adam. The SAC temperature is never decayed"
-    )
+        "and FastSAC (0.001) use it; 0: Adam. The SAC temperature is never decayed",
+        algos=OFF_POLICY)
     policy_frequency: int = option(
-        2, "critic updates per actor update (delayed actor; TD3's policy delay)"
-    )
+        2, "critic updates per actor update (delayed actor; TD3's policy delay)",
+        algos=OFF_POLICY)
     target_network_frequency: int = option(
         1, "critic updates per target network update (SAC; TD3 and DDPG move their targets "
-        "with each delayed actor update, every --policy-frequency)"
-    )
-    alpha: float = option(0.2, "initial entropy temperature (SAC)")
-    autotune: bool = option(True, "learn the temperature towards the target entropy (SAC)")
+        "with each delayed actor update, every --policy-frequency)",
+        algos=OFF_POLICY)
+    alpha: float = option(0.2, "initial entropy temperature (SAC)", algos=OFF_POLICY)
+    autotune: bool = option(True, "learn the temperature towards the target entropy (SAC)",
+        algos=OFF_POLICY)
     policy_noise: float = option(
-        0.2, "TD3 target policy smoothing noise std, in [-1, 1] action units"
-    )
-    noise_clip: float = option(0.5, "TD3 clip of the target policy smoothing noise, [-1, 1] units")
+        0.2, "TD3 target policy smoothing noise std, in [-1, 1] action units",
+        algos=OFF_POLICY)
+    noise_clip: float = option(0.5, "TD3 clip of the target policy smoothing noise, [-1, 1] units",
+        algos=OFF_POLICY)
     exploration_noise: float = option(
-        0.1, "TD3/DDPG Gaussian exploration noise std, in [-1, 1] action units"
-    )
+        0.1, "TD3/DDPG Gaussian exploration noise std, in [-1, 1] action units",
+        algos=OFF_POLICY)
     hidden_sizes: tuple[int, ...] = option((256, 256), "hidden layer widths of actor and critic")
     layer_norm: bool = option(
         False, "a LayerNorm after each hidden layer of the built-in actor and critic, before "
         "its ReLU: for large batches (thousands of rows) and several updates per step, where "
         "FastSAC uses it to keep the critic from growing unstable; off: plain MLPs, as "
-        "CleanRL's. Not for custom --actor/--critic"
-    )
+        "CleanRL's. Not for custom --actor/--critic",
+        algos=OFF_POLICY)
     critic_atoms: int = option(
         0, "a distributional (C51) critic: each member's value is a categorical distribution "
         "over this many atoms spread evenly on [--v-min, --v-max], trained by cross-entropy "
         "towards the projected target distribution, as FastTD3 and FastSAC do (51 as in C51, "
-        "101 there); 0: the scalar critic trained by mean squared error"
-    )
+        "101 there); 0: the scalar critic trained by mean squared error",
+        algos=OFF_POLICY)
     v_min: float | None = option(
         None, "with --critic-atoms, the lowest value of the critic's support: below the "
-        "lowest return to expect (|Q| is at most about max|r| / (1 - gamma))"
-    )
+        "lowest return to expect (|Q| is at most about max|r| / (1 - gamma))",
+        algos=OFF_POLICY)
     v_max: float | None = option(
         None, "with --critic-atoms, the highest value of the critic's support: above the "
-        "highest return to expect"
-    )
+        "highest return to expect",
+        algos=OFF_POLICY)
     actor: str | None = option(
         None, "custom actor class, package.module:ClassName or path/to/file.py:ClassName"
     )
@@ -165,8 +171,8 @@ class Config:
         default_factory=dict,
         metadata=helps("keyword arguments of a custom --critic's constructor, a YAML/JSON mapping"),
     )
-    critic_max_grad_norm: float = option(100.0, "critic gradient-norm clip")
-    actor_max_grad_norm: float = option(100.0, "actor gradient-norm clip")
+    critic_max_grad_norm: float = option(100.0, "critic gradient-norm clip", algos=OFF_POLICY)
+    actor_max_grad_norm: float = option(100.0, "actor gradient-norm clip", algos=OFF_POLICY)
     log_interval: int = option(1000, "environment steps between tensorboard writes")
     progress: bool = option(
         True, "show progress: a bar on a terminal, else a line at most every 10 s (off: only "
@@ -176,7 +182,8 @@ class Config:
         50_000, "environment steps between checkpoints (one is always written at the end)"
     )
     keep_checkpoints: int = option(3, "how many of the newest checkpoints to keep")
-    save_buffer: bool = option(False, "include the replay buffer in checkpoints (exact resume)")
+    save_buffer: bool = option(False, "include the replay buffer in checkpoints (exact resume)",
+        algos=OFF_POLICY)
     resume: str | None = option(
         None, "continue the run in this folder (runs/<run>) from its latest checkpoint"
     )
@@ -255,7 +262,9 @@ class Config:
 def _learning_problem(cfg: Config) -> str | None:
     """Why a run of ``cfg`` would end without a single update (and save untrained networks),
     or None. Updates start once more than ``learning_starts`` steps are taken and the buffer
-    holds a batch."""
+    holds a batch. PPO has neither (``algorithms.ppo.check_ppo_config`` checks its rollout)."""
+    if cfg.algo not in OFF_POLICY:
+        return None
     if cfg.batch_size > cfg.buffer_size:
         return (f"--batch-size {cfg.batch_size} is above --buffer-size {cfg.buffer_size}: the "
                 "replay buffer could never hold one batch, so no update would run; lower "

@@ -34,6 +34,18 @@ MUJOCO_ENVS: frozenset[str] = frozenset(
     }
 )
 
+# Env-id base names of gymnasium's classic control tasks (Pendulum has a family of its own).
+CLASSIC_ENVS: frozenset[str] = frozenset(
+    {"CartPole", "Acrobot", "MountainCar", "MountainCarContinuous"})
+
+
+def env_family(env_id: str) -> str | None:
+    """The family whose shipped files suit ``env_id``: pendulum, mujoco, classic, or None."""
+    base = env_id.rsplit("/", 1)[-1].split("-v")[0]
+    if base == "Pendulum":
+        return "pendulum"
+    return "mujoco" if base in MUJOCO_ENVS else "classic" if base in CLASSIC_ENVS else None
+
 
 class DuplicateKeyError(yaml.YAMLError):
     """A mapping of a YAML text gives one key twice, at ``first`` and at ``second``."""
@@ -74,9 +86,9 @@ def load_yaml(text: str) -> Any:
 
 def default_config_file(env_id: str, algo: str = "sac") -> Traversable | None:
     """The shipped `configs/{algo}_{family}.yaml` tuned for env_id's family, or None (also for
-    an unknown algo, which the algorithms' registry then reports)."""
-    base = env_id.rsplit("/", 1)[-1].split("-v")[0]
-    family = "pendulum" if base == "Pendulum" else "mujoco" if base in MUJOCO_ENVS else None
+    an unknown algo, which the algorithms' registry then reports, and for a family with no
+    file of that algo: ppo_classic.yaml has no SAC twin)."""
+    family = env_family(env_id)
     if family is None or not algo.isidentifier():
         return None
     path = configs_dir() / f"{algo}_{family}.yaml"

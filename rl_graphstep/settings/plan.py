@@ -38,12 +38,14 @@ class RunPlan:
     insist_on_action_stream: bool = False
     compile_note: str = ""  # why automatic compiling chose as it did
     env_workers: int = 1  # the shared env's worker processes
+    acting_note: str = ""  # how the actions are chosen, where not by the off-policy pipe
 
     def describe(self) -> str:
         """``CUDA graphs + torch.compile, action stream, sync envs, float32 matmuls``."""
         updates = ("CUDA graphs" if self.graphs else "eager") + (
             " + torch.compile" if self.compile else "")
-        acting = "action stream" if self.action_stream else "actions in line"
+        acting = self.acting_note or ("action stream" if self.action_stream
+                                      else "actions in line")
         precision = "TF32 matmuls" if self.tf32 else "float32 matmuls"
         return f"{updates}, {acting}, {self.vec_env} envs, {precision}"
 

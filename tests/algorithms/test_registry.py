@@ -60,6 +60,51 @@ def test_help_lists_the_settings_of_the_algorithms_here(monkeypatch: pytest.Monk
     def flags() -> set[str]:
         return {flag for action in build_parser()._actions for flag in action.option_strings}
 
+    assert {"--learning-starts", "--learning-rate", "--num-minibatches"} <= flags()
+    # The registry replaced, not edited: its order is the --algo choices' order.
+    everything = dict(algorithms._CLASSES)
+    monkeypatch.setattr(algorithms, "_CLASSES",
+                        {k: v for k, v in everything.items() if k != "ppo"})
     assert "--learning-starts" in flags() and "--learning-rate" not in flags()
-    monkeypatch.setitem(algorithms._CLASSES, "ppo", "rl_graphstep.algorithms.ppo:PPO")
-    assert {"--learning-rate", "--num-minibatches", "--target-kl"} <= flags()
+    monkeypatch.setattr(algorithms, "_CLASSES", {"ppo": everything["ppo"]})
+    assert "--learning-rate" in flags() and "--learning-starts" not in flags()
+
+
+OFF_POLICY_REFUSED = ("{flag} is a setting of SAC and TD3 and DDPG and CROSSQ alone, which "
+                      "--algo ppo does not read: leave it out")
+
+
+@pytest.mark.parametrize(("argv", "flag"), [
+    (["--learning-starts", "100"], "--learning-starts"),
+    (["--batch-size", "64"], "--batch-size"),
+    (["--buffer-size", "1000"], "--buffer-size"),
+    (["--policy-lr", "0.001"], "--policy-lr"),
+    (["--tau", "0.01"], "--tau"),
+    (["--obs-norm"], "--obs-norm"),
+    (["--save-buffer"], "--save-buffer"),
+    (["--n-step", "3"], "--n-step"),
+    (["--action-stream", "off"], "--action-stream"),
+    (["--critic-max-grad-norm", "1"], "--critic-max-grad-norm"),
+])
+def test_an_off_policy_setting_is_refused_by_ppo(argv: list[str], flag: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(["--env", "CartPole-v1", "--algo", "ppo", *argv])
+    assert str(info.value) == OFF_POLICY_REFUSED.format(flag=flag)
+
+
+def test_ppo_reads_gamma_and_the_shared_settings() -> None:
+    cfg = load_config(["--env", "CartPole-v1", "--algo", "ppo", "--gamma", "0.9",
+                       "--hidden-sizes", "8", "8", "--num-envs", "2", "--seed", "4"])
+    algorithms.check_settings(cfg)
+    assert (cfg.gamma, cfg.hidden_sizes, cfg.num_envs, cfg.seed) == (0.9, (8, 8), 2, 4)
+
+
+def test_ppo_refuses_custom_networks_in_one_line(tmp_path: Path) -> None:
+    cfg = load_config(["--env", "CartPole-v1", "--algo", "ppo", "--device", "cpu",
+                       "--log-dir", str(tmp_path), "--actor", "examples.residual_actor:X"])
+    with pytest.raises(ConfigError) as info:
+        train(cfg)
+    assert str(info.value) == (
+        "--actor: custom networks for --algo ppo are not supported yet; drop --actor (PPO "
+        "trains its built-in networks, sized by --hidden-sizes)")
+    assert not any(tmp_path.iterdir())

@@ -152,7 +152,8 @@ def test_discrete_action_space_message() -> None:
     env = gym.make("CartPole-v1")
     with pytest.raises(EnvError) as info:
         check_continuous_spaces("CartPole-v1", env.observation_space, env.action_space)
-    assert str(info.value) == "SAC needs a continuous action space; CartPole-v1 has Discrete(2)"
+    assert str(info.value) == ("SAC needs a continuous action space; CartPole-v1 has "
+                               "Discrete(2) (--algo ppo takes discrete actions)")
 
 
 def test_dict_observation_space_message() -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 from fakes import assert_same_learning_state
 
-from rl_graphstep.algorithms import ALGORITHMS
+from rl_graphstep.algorithms import OFF_POLICY_ALGORITHMS as ALGORITHMS
 from rl_graphstep.algorithms.base import OffPolicyAlgorithm
 from rl_graphstep.data.buffer import ReplayBuffer
 from rl_graphstep.graphstep import CudaGraphAdaptationStep, EagerAdaptationStep

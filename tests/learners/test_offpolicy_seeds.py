@@ -11,7 +11,7 @@ import pytest
 import torch
 from fakes import CPU, cpu_plan, flat_state
 
-from rl_graphstep.algorithms import ALGORITHMS
+from rl_graphstep.algorithms import OFF_POLICY_ALGORITHMS as ALGORITHMS
 from rl_graphstep.data.buffer import ReplayBuffer
 from rl_graphstep.learners import OffPolicyLearner
 from rl_graphstep.learners.metrics import MetricSums

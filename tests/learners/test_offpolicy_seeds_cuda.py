@@ -12,7 +12,7 @@ import pytest
 import torch
 from fakes import flat_state
 
-from rl_graphstep.algorithms import ALGORITHMS
+from rl_graphstep.algorithms import OFF_POLICY_ALGORITHMS as ALGORITHMS
 from rl_graphstep.data.buffer import ReplayBuffer
 from rl_graphstep.learners import OffPolicyLearner
 from rl_graphstep.learners.metrics import MetricSums

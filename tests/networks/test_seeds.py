@@ -12,7 +12,7 @@ import torch
 from netfixtures import ACT_SPACE, OBS_SPACE, RESIDUAL_ACTOR, build
 from torch import Tensor, nn
 
-from rl_graphstep.algorithms import ALGORITHMS
+from rl_graphstep.algorithms import OFF_POLICY_ALGORITHMS as ALGORITHMS
 from rl_graphstep.algorithms.targets import PolyakAverage
 from rl_graphstep.core.errors import ConfigError
 from rl_graphstep.envs.vector import seed_everything

@@ -107,7 +107,7 @@ BAD_TRAIN_INPUTS = [
     (["--log-dir", "a\x00b"], "--log-dir must not contain control characters"),
     (["--resume", ""], "no run given: give a run folder (such as runs/<run name>) or a .pt "
                        "checkpoint"),
-    (["--learning", "0"], "unknown flag --learning (did you mean --learning-starts?)"),
+    (["--learning", "0"], "unknown flag --learning (did you mean --learning-rate?)"),
     (["--learnin-starts", "5"], "unknown flag --learnin-starts (did you mean --learning-starts?)"),
     (["--batch-size=3", "--zzzz"], "unknown flag --zzzz"),
     (["stray"], "unexpected argument 'stray'"),

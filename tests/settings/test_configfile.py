@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from configtools import one_line_error, write
 
-from rl_graphstep.algorithms import ALGORITHMS
+from rl_graphstep.algorithms import OFF_POLICY_ALGORITHMS as ALGORITHMS
 from rl_graphstep.core.errors import ConfigError
 from rl_graphstep.run.flags import load_config
 from rl_graphstep.settings import configfile
@@ -82,7 +82,7 @@ def test_shipped_files_load_and_validate(algo: str, env_id: str) -> None:
 def test_every_shipped_file_is_picked_by_some_algo_and_env() -> None:
     shipped = {p.name for p in CONFIGS.glob("*.yaml")}
     expected = {f"{a}_{fam}.yaml" for a in ALGORITHMS for fam in ("pendulum", "mujoco")}
-    assert shipped == expected
+    assert shipped == expected | {"ppo_mujoco.yaml", "ppo_classic.yaml"}
 
 
 def test_mujoco_file_values() -> None:
@@ -110,7 +110,7 @@ def test_ddpg_flags_pick_the_ddpg_mujoco_file() -> None:
 
 
 def test_unknown_algo_picks_no_file() -> None:
-    assert default_config_file("Pendulum-v1", "ppo") is None
+    assert default_config_file("Pendulum-v1", "a2c") is None
     assert default_config_file("Pendulum-v1", "../configs/sac") is None
 
 
@@ -181,3 +181,24 @@ def test_the_loader_keeps_merges_and_distinct_keys() -> None:
     assert load_yaml("x: 1\ny: {x: 2}\n") == {"x": 1, "y": {"x": 2}}
     with pytest.raises(DuplicateKeyError, match=r"^key 'x' appears twice \(lines 3 and 4\)$"):
         load_yaml("y:\n  - {x: 1}\n  - {x: 2,\n     x: 3}\n")
+
+
+def test_ppo_picks_its_classic_and_mujoco_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CleanRL's ppo.py settings for CartPole/Acrobot, ppo_continuous_action.py's for MuJoCo;
+    the checkout's configs/ (the installed package may be another checkout's)."""
+    def not_installed(name: str) -> None:
+        raise ModuleNotFoundError(name)
+    monkeypatch.setattr(configfile.importlib.resources, "files", not_installed)
+    assert configfile.env_family("Acrobot-v1") == "classic"
+    assert configfile.env_family("MountainCarContinuous-v0") == "classic"
+    assert default_config_file("CartPole-v1", "sac") is None  # no SAC file for the family
+    cfg = load_config(["--env", "CartPole-v1", "--algo", "ppo"])
+    assert (cfg.num_envs, cfg.num_steps, cfg.num_minibatches, cfg.update_epochs) == (4, 128, 4, 4)
+    assert (cfg.learning_rate, cfg.ent_coef, cfg.total_timesteps) == (2.5e-4, 0.01, 500_000)
+    assert (cfg.max_grad_norm, cfg.hidden_sizes) == (0.5, (64, 64))
+    cfg = load_config(["--env", "HalfCheetah-v5", "--algo", "ppo"])
+    rollout = (cfg.num_envs, cfg.num_steps, cfg.num_minibatches, cfg.update_epochs)
+    assert rollout == (1, 2048, 32, 10)
+    assert (cfg.learning_rate, cfg.ent_coef, cfg.total_timesteps) == (3e-4, 0.0, 1_000_000)
+    assert (cfg.gae_lambda, cfg.clip_coef, cfg.vf_coef) == (0.95, 0.2, 0.5)
+    assert cfg.hidden_sizes == (64, 64)

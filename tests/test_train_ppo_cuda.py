@@ -1,0 +1,61 @@
+"""PPO through the training loop on the GPU: a short captured run on CartPole-v1 (discrete)
+and Pendulum-v1 (continuous), one seed and two, makes every update finite, logs CleanRL's
+diagnostics, checkpoints and evaluates; and the captured run resumed at a rollout boundary
+goes on as the run straight through."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from rl_graphstep.evaluate import evaluate
+from rl_graphstep.run.checkpoint import load_checkpoint
+from rl_graphstep.run.flags import load_config
+from rl_graphstep.train import main, train
+
+pytestmark = pytest.mark.cuda
+
+# Rollouts of 4 envs x 32 steps, 4 minibatches of 32, 2 epochs: 8 rollouts.
+BASE = ["--algo", "ppo", "--device", "cuda", "--graph", "on", "--compile", "off",
+        "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "4", "--update-epochs",
+        "2", "--hidden-sizes", "64", "64", "--total-timesteps", "1024", "--log-interval",
+        "128", "--no-progress"]
+
+
+@pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])
+@pytest.mark.parametrize("seeds", [1, 2])
+def test_a_captured_ppo_run_trains_logs_and_evaluates(env: str, seeds: int,
+                                                      tmp_path: Path) -> None:
+    summary = train(load_config(["--env", env, *BASE, "--num-seeds", str(seeds),
+                                 "--log-dir", str(tmp_path), "--run-name", "run"]))
+    assert summary["graph"] is True and summary["action_stream"] is False
+    steps = 8 * 2 * 4 * seeds  # rollouts x epochs x minibatches, every seed
+    assert summary["updates"] == {"critic": (0, steps), "actor": (0, steps)}
+    state = load_checkpoint(tmp_path / "run")
+    assert state["agent"]["updates"] == 8
+    for tensor in state["agent"]["actor"].values():
+        assert torch.isfinite(tensor).all()
+    folder = tmp_path / "run" / ("seed_1" if seeds > 1 else "")
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    kl = [e.value for e in events.Scalars("losses/approx_kl")]
+    assert len(kl) == 8 and all(math.isfinite(v) and v >= 0 for v in kl)
+    evaluate(tmp_path / "run", episodes=1, device="cuda", verbose=False)
+
+
+@pytest.mark.parametrize("env", ["CartPole-v1", "Pendulum-v1"])
+def test_a_captured_run_resumes_at_a_rollout_boundary_as_it_went_on(env: str,
+                                                                     tmp_path: Path) -> None:
+    """The graphs replay the same kernels from the restored state: the two halves end where
+    the straight run does (--no-anneal-lr: see the CPU test)."""
+    args = ["--env", env, *BASE, "--no-anneal-lr", "--log-dir", str(tmp_path)]
+    train(load_config([*args, "--total-timesteps", "1024", "--run-name", "straight"]))
+    train(load_config([*args, "--total-timesteps", "512", "--run-name", "halves"]))
+    assert main(["--resume", str(tmp_path / "halves"), "--total-timesteps", "1024"]) == 0
+    straight, halves = (load_checkpoint(tmp_path / n) for n in ("straight", "halves"))
+    for name, tensor in straight["agent"]["actor"].items():
+        assert torch.equal(tensor, halves["agent"]["actor"][name]), name
