@@ -196,10 +196,11 @@ class _AdaptationStep:
 class EagerAdaptationStep(_AdaptationStep):
     """The eager twin of :class:`CudaGraphAdaptationStep`: same interface, any device.
 
-    ``capture`` validates the pieces (one forward under a forked RNG, so it consumes neither an
-    update nor random numbers) and keeps static input/target buffers; ``__call__`` checks,
-    copies into them and runs one update. Built directly, the step holds what it runs in place
-    of a graph: the loss function, and as keyword-only extras those of ``capture``.
+    ``capture`` validates the pieces (one forward under a forked RNG, its module's buffers put
+    back, so it consumes neither an update nor random numbers) and keeps static input/target
+    buffers; ``__call__`` checks, copies into them and runs one update. Built directly, the
+    step holds what it runs in place of a graph: the loss function, and as keyword-only extras
+    those of ``capture``.
     """
 
     graph: None = None
@@ -229,8 +230,13 @@ class EagerAdaptationStep(_AdaptationStep):
                    skip_nonfinite=settings.skip_nonfinite, compile=settings.compile,
                    seeds=settings.seeds)
         devices = [example_inputs.device] if example_inputs.device.type == "cuda" else []
+        # The check moves no buffer either (a batch normalisation's running statistics).
+        buffers = [(b, b.detach().clone()) for b in module.buffers()]
         with torch.random.fork_rng(devices=devices), torch.enable_grad():
             step._body.forward_loss(example_inputs, example_targets)
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                buffer.copy_(saved)
         return step
 
     def replay(self, *, synchronize: bool = False) -> Tensor:

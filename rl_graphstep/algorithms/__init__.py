@@ -1,6 +1,6 @@
 """The actor-critic algorithms, by the name ``--algo`` takes: the one registry. A new
 algorithm is a module in this folder and one line in ``_CLASSES``. The off-policy ones
-(SAC, TD3, DDPG) train with a replay buffer; PPO with rollouts (``ON_POLICY``).
+(SAC, TD3, DDPG, CrossQ) train with a replay buffer; PPO with rollouts (``ON_POLICY``).
 
 Classes are imported on first use, so that the command line can list the names without
 importing any algorithm (torch and the networks).
@@ -33,6 +33,7 @@ _CLASSES: dict[str, str] = {
     "sac": "rl_graphstep.algorithms.sac:SAC",
     "td3": "rl_graphstep.algorithms.td3:TD3",
     "ddpg": "rl_graphstep.algorithms.ddpg:DDPG",
+    "crossq": "rl_graphstep.algorithms.crossq:CrossQ",
     "ppo": "rl_graphstep.algorithms.ppo:PPO",
 }
 # The algorithms that learn from rollouts of their current policy (the on-policy learner).

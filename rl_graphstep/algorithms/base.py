@@ -5,7 +5,7 @@ steps, replay sampling, checkpoints) is the learner's job (``rl_graphstep.learne
 from __future__ import annotations
 
 import copy
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import gymnasium as gym
 import torch
@@ -19,6 +19,17 @@ from rl_graphstep.settings.config import Config
 
 Metrics = dict[str, Tensor]
 """Named 0-dim device tensors a loss reports for the log (``losses/actor``, ...)."""
+
+
+class JointPrediction(NamedTuple):
+    """The critic step's prediction where the critic sees (s, a) and (s', a') in one forward
+    (:attr:`OffPolicyAlgorithm.joint_critic_forward`): the Q values at (s, a), (B, E), to
+    learn; those at (s', a'), (B, E), detached, for the target; and what the target's next
+    value subtracts (SAC's ``alpha log pi(a'|s')``, (B, 1)), or None."""
+
+    q_values: Tensor
+    next_q_values: Tensor
+    penalty: Tensor | None
 
 
 class OffPolicyAlgorithm:
@@ -43,6 +54,13 @@ class OffPolicyAlgorithm:
     name: ClassVar[str]
     actor_kind: ClassVar[str]  # "stochastic" (action, log_prob) or "deterministic" (action)
     num_critics: ClassVar[int] = 2
+    # False: no target critic at all (CrossQ): none is built, averaged or saved, and the TD
+    # target reads the critic itself (see joint_critic_forward).
+    has_target_critic: ClassVar[bool] = True
+    # True: the critic step's module passes the replay rows' (s, a) and (s', a') through the
+    # critic in one forward (concatenated along the batch, so a batch normalisation sees
+    # both), its prediction a JointPrediction; its inputs are then the whole rows.
+    joint_critic_forward: ClassVar[bool] = False
 
     def __init__(self, actor: nn.Module, critic: nn.Module, cfg: Config, *,
                  action_size: int, device: torch.device, seeds: int = 1) -> None:
@@ -52,12 +70,13 @@ class OffPolicyAlgorithm:
         self.seed_shape: tuple[int, ...] = () if seeds == 1 else (seeds,)
         self.actor = actor.to(device)
         self.critic = critic.to(device)
-        self.target_critic = copy.deepcopy(self.critic).requires_grad_(False)
+        self.target_critic = (copy.deepcopy(self.critic).requires_grad_(False)
+                              if self.has_target_critic else None)
         # The atoms of a distributional critic (--critic-atoms); None: Q values.
         self.support = (CategoricalSupport(cfg.critic_atoms, cfg.v_min, cfg.v_max, device)
                         if cfg.critic_atoms else None)
-        # Every target network's Polyak average, set by the subclass.
-        self.polyak: PolyakAverage
+        # Every target network's Polyak average, set by the subclass (None without targets).
+        self.polyak: PolyakAverage | None
 
     @classmethod
     def default_actor(cls, observation_space: gym.spaces.Box, action_space: gym.spaces.Box,
@@ -72,6 +91,14 @@ class OffPolicyAlgorithm:
                               atoms=cfg.critic_atoms)
 
     # ------------------------------------------------------------------ what a subclass writes
+
+    def optimizer_settings(self) -> dict[str, Any]:
+        """Settings of both optimizers beyond their learning rates (CrossQ's Adam betas)."""
+        return {}
+
+    def actor_step_module(self) -> nn.Module:
+        """The module the actor step runs: the actor, or the actor in a mode of its own."""
+        return self.actor
 
     def actor_parameter_groups(self) -> list[dict[str, Any]]:
         """The actor optimizer's parameter groups (SAC adds its temperature)."""
@@ -113,7 +140,7 @@ class OffPolicyAlgorithm:
 
     def learning_state(self) -> dict[str, nn.Module | Tensor]:
         """What the algorithm learns beside the actor and the critic, by checkpoint name."""
-        return {"target_critic": self.target_critic}
+        return {} if self.target_critic is None else {"target_critic": self.target_critic}
 
     def after_load(self) -> None:
         """Set again what the config fixes and a loaded checkpoint overwrote (SAC's fixed
@@ -125,6 +152,7 @@ class OffPolicyAlgorithm:
     def td_target(self, batch: CriticTargets) -> Tensor:
         """r + gamma not_done (min_i Q_target_i(s', a') - penalty), a' and the penalty from
         :meth:`next_actions` (with n-step rows, not_done is gamma^(n-1) or 0)."""
+        assert self.target_critic is not None
         next_actions, penalty = self.next_actions(batch.next_observations)
         next_q = self.target_critic(batch.next_observations, next_actions).min(dim=-1,
                                                                                  keepdim=True)
@@ -137,18 +165,41 @@ class OffPolicyAlgorithm:
         (s', a') of the member with the lowest expected value, per row (clipped double Q),
         shifted by r and discounted by gamma not_done, projected onto the atoms. The penalty
         is folded into the reward, ``r - gamma not_done penalty`` (FastSAC's entropy term)."""
-        assert self.support is not None
+        assert self.support is not None and self.target_critic is not None
         next_actions, penalty = self.next_actions(batch.next_observations)
         logits = self.target_critic(batch.next_observations, next_actions)
         discounts = batch.not_dones * self.cfg.gamma
         rewards = batch.rewards if penalty is None else batch.rewards - discounts * penalty
         return self.support.project(self.support.lowest_member(logits), rewards, discounts)
 
-    def critic_loss(self, prediction: Tensor, batch: CriticTargets) -> tuple[Tensor, Metrics]:
+    def joint_prediction(self, observations: Tensor, actions: Tensor,
+                         next_observations: Tensor) -> JointPrediction:
+        """The critic at (s, a) and at (s', a'), a' from :meth:`next_actions`, in one forward
+        over the batch's two halves concatenated (rows are the second to last dimension)."""
+        next_actions, penalty = self.next_actions(next_observations)
+        q_values = self.critic(torch.cat([observations, next_observations], dim=-2),
+                               torch.cat([actions, next_actions], dim=-2))
+        current, following = q_values.split(observations.shape[-2], dim=-2)
+        return JointPrediction(current, following.detach(), penalty)
+
+    @torch.no_grad()
+    def joint_td_target(self, prediction: JointPrediction, batch: CriticTargets) -> Tensor:
+        """r + gamma not_done (min_i Q_i(s', a') - penalty), the Q values at (s', a') from the
+        joint forward's (detached) second half."""
+        next_value = prediction.next_q_values.min(dim=-1, keepdim=True).values
+        if prediction.penalty is not None:
+            next_value = next_value - prediction.penalty
+        return batch.rewards + batch.not_dones * self.cfg.gamma * next_value
+
+    def critic_loss(self, prediction: Tensor | JointPrediction, batch: CriticTargets
+                    ) -> tuple[Tensor, Metrics]:
         """The TD loss of the critic's ``prediction`` on a replay batch: Q values (B, E)
-        against :meth:`td_target` by squared error or, distributional, logits (B, E, A)
-        against :meth:`target_distribution` by cross-entropy; each member's mean over the
-        batch, summed over the members (per seed)."""
+        against :meth:`td_target` (a joint forward's against :meth:`joint_td_target`) by
+        squared error or, distributional, logits (B, E, A) against
+        :meth:`target_distribution` by cross-entropy; each member's mean over the batch,
+        summed over the members (per seed)."""
+        if isinstance(prediction, JointPrediction):
+            return self.mse(prediction.q_values, self.joint_td_target(prediction, batch)), {}
         if self.support is None:
             return self.mse(prediction, self.td_target(batch)), {}
         cross_entropy = self.support.cross_entropy(prediction, self.target_distribution(batch))

@@ -44,7 +44,8 @@ class SAC(OffPolicyAlgorithm):
         self.log_alpha = torch.full(self.seed_shape, math.log(cfg.alpha), device=device,
                                     requires_grad=cfg.autotune)
         self.target_entropy = torch.full((), -float(action_size), device=device)
-        self.polyak = PolyakAverage([(self.target_critic, self.critic)], cfg.tau)
+        self.polyak = (PolyakAverage([(self.target_critic, self.critic)], cfg.tau)
+                       if self.target_critic is not None else None)
 
     @classmethod
     def default_actor(cls, observation_space: gym.spaces.Box, action_space: gym.spaces.Box,
@@ -98,7 +99,7 @@ class SAC(OffPolicyAlgorithm):
         return frequency if update % frequency == 0 else 0
 
     def after_critic_step(self, update: int) -> None:
-        if update % self.cfg.target_network_frequency == 0:
+        if self.polyak is not None and update % self.cfg.target_network_frequency == 0:
             self.polyak()
 
     def update_period(self) -> int:

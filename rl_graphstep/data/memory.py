@@ -102,17 +102,21 @@ def check_networks_fit(cfg: Config, observation_space: gym.Space, action_space: 
     host is then killed when it is first written)."""
     if not (default_actor or default_critic):
         return
-    needed = default_network_bytes(int(observation_space.shape[0]),
-                                   int(action_space.shape[0]), cfg.hidden_sizes, num_critics,
-                                   actor=default_actor, critic=default_critic,
-                                   atoms=cfg.critic_atoms)
+    sizes = (int(observation_space.shape[0]), int(action_space.shape[0]))
+    # CrossQ's critic has widths of its own (--critic-hidden-sizes).
+    critic_sizes = cfg.critic_hidden_sizes or cfg.hidden_sizes
+    needed = (default_network_bytes(*sizes, cfg.hidden_sizes, num_critics, actor=default_actor,
+                                    critic=False)
+              + default_network_bytes(*sizes, critic_sizes, num_critics, actor=False,
+                                      critic=default_critic, atoms=cfg.critic_atoms))
     available = available_memory(device)
     if available is None or needed <= available[0]:
         return
-    sizes = " ".join(map(str, cfg.hidden_sizes))
-    raise ConfigError(f"--hidden-sizes {sizes} make networks that need about "
+    flag = "--critic-hidden-sizes" if cfg.critic_hidden_sizes else "--hidden-sizes"
+    widths = " ".join(map(str, critic_sizes if cfg.critic_hidden_sizes else cfg.hidden_sizes))
+    raise ConfigError(f"{flag} {widths} make networks that need about "
                       f"{format_bytes(needed)} with their gradients and optimizer state, but "
-                      f"{available[1]}; use smaller --hidden-sizes")
+                      f"{available[1]}; use smaller {flag}")
 
 
 @contextlib.contextmanager

@@ -15,12 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from rl_graphstep.algorithms.base import Metrics, OffPolicyAlgorithm
 from rl_graphstep.core.errors import CaptureError
 from rl_graphstep.core.guards import clip_grad_norm
 from rl_graphstep.data.buffer import ReplayBuffer
+from rl_graphstep.data.rows import RowLayout
 from rl_graphstep.data.sampler import BatchSampler
 from rl_graphstep.graphstep import AdaptationStep, make_adaptation_step
 from rl_graphstep.learners.fused import MAX_PHASES, FusedUpdate
@@ -53,6 +54,29 @@ class RecordedLoss:
         return loss
 
 
+class JointCriticInput(nn.Module):
+    """The critic step's module for an algorithm with a joint critic forward: from the whole
+    replay rows ``[s | a | r | not_done | s']`` (its inputs), the algorithm's
+    :meth:`~rl_graphstep.algorithms.base.OffPolicyAlgorithm.joint_prediction`, the critic at
+    (s, a) and (s', a') in one forward. Its parameters and buffers are the critic's alone: the
+    actor that draws a' is read, not trained, here."""
+
+    def __init__(self, algorithm: OffPolicyAlgorithm, layout: RowLayout) -> None:
+        super().__init__()
+        self.critic = algorithm.critic
+        self.__dict__["algorithm"] = algorithm  # not a submodule: its actor is not the step's
+        self.layout = layout
+
+    def _get_name(self) -> str:
+        return f"{self.critic._get_name()} (joint forward)"
+
+    def forward(self, rows: Tensor) -> Any:
+        layout = self.layout
+        return self.algorithm.joint_prediction(rows[..., layout.observations],
+                                               rows[..., layout.actions],
+                                               rows[..., layout.next_observations])
+
+
 class OffPolicyLearner:
     """One update = a replay sample, a critic step, the algorithm's target update and, when
     its schedule says so, actor steps.
@@ -72,8 +96,10 @@ class OffPolicyLearner:
         self.device = plan.device
         # K seeds stacked on a leading dimension of everything the update touches.
         self.seeds = cfg.num_seeds
-        self.critic_optimizer = self._adam(algorithm.critic.parameters(), lr=cfg.q_lr)
-        self.actor_optimizer = self._adam(algorithm.actor_parameter_groups())
+        settings = algorithm.optimizer_settings()
+        self.critic_optimizer = self._adam(algorithm.critic.parameters(), lr=cfg.q_lr,
+                                           **settings)
+        self.actor_optimizer = self._adam(algorithm.actor_parameter_groups(), **settings)
         self.critic_clip = clip_grad_norm(algorithm.critic.parameters(),
                                           cfg.critic_max_grad_norm, seeds=self.seeds)
         self.actor_clip = clip_grad_norm(algorithm.actor.parameters(), cfg.actor_max_grad_norm,
@@ -126,12 +152,12 @@ class OffPolicyLearner:
             except CaptureError as error:
                 self.critic_step = self.actor_step = None
                 self.plan = fall_back(self.plan, error)
-        if self.plan.compile:
+        if self.plan.compile and self.algorithm.polyak is not None:
             self.algorithm.polyak.compile()  # before any graph records it
         assert self.critic_step is not None and self.actor_step is not None
         layout = self.buffer.layout
         self.sampler = BatchSampler(self.buffer, self.cfg.batch_size, [
-            (self.critic_step.static_inputs, layout.critic_inputs),
+            (self.critic_step.static_inputs, self._critic_inputs()),
             (self.critic_step.static_targets, layout.critic_targets),
             (self.actor_step.static_inputs, layout.observations),
             (self.actor_step.static_targets, layout.observations),
@@ -151,14 +177,23 @@ class OffPolicyLearner:
         observations = rows[..., layout.observations]
         settings = {"use_graph": self.plan.graphs, "compile": self.plan.compile,
                     "skip_nonfinite": True, "seeds": self.seeds}
+        critic = (JointCriticInput(algorithm, layout) if algorithm.joint_critic_forward
+                  else StateActionInput(algorithm.critic, layout.observation_size))
         self.critic_step = make_adaptation_step(
-            StateActionInput(algorithm.critic, layout.observation_size), self.critic_optimizer,
-            rows[..., layout.critic_inputs], rows[..., layout.critic_targets], self.critic_loss,
+            critic, self.critic_optimizer, rows[..., self._critic_inputs()],
+            rows[..., layout.critic_targets], self.critic_loss,
             gradient_transform=self.critic_clip, **settings)
         self.actor_step = make_adaptation_step(
-            algorithm.actor, self.actor_optimizer, observations, observations, self.actor_loss,
-            gradient_transform=self.actor_clip, pool=getattr(self.critic_step, "pool", None),
-            **settings)
+            algorithm.actor_step_module(), self.actor_optimizer, observations, observations,
+            self.actor_loss, gradient_transform=self.actor_clip,
+            pool=getattr(self.critic_step, "pool", None), **settings)
+
+    def _critic_inputs(self) -> slice:
+        """The row columns the critic step's module reads: ``[s | a]``, or the whole row for
+        a joint forward (which needs s')."""
+        layout = self.buffer.layout
+        return (slice(0, layout.row_size) if self.algorithm.joint_critic_forward
+                else layout.critic_inputs)
 
     # ------------------------------------------------------------------ updating
 

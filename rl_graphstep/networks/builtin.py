@@ -14,7 +14,9 @@ A custom network plugs in if it meets `SACActor` / `Critic` below and runs insid
   with CUDA graphs; without `sample(observations, noise)` the action runs in line).
 - critic: `critic(observations, actions) -> (B, E)`, one Q value per ensemble member, and a
   `num_critics` attribute giving E; with `--critic-atoms A` (a distributional critic),
-  `(B, E, A)`: each member's logits over the A atoms of the support.
+  `(B, E, A)`: each member's logits over the A atoms of the support. A CrossQ critic has a
+  `normalization` attribute, `"batch_renorm"` or `"batch_norm"`: it normalises over the batch
+  in training mode and with running statistics in inference mode (the learner sets the mode).
 - both: fixed shapes, no host syncs (`.item()`, `bool(t)`, Python `if` on a tensor, `nonzero`,
   boolean-mask indexing), no `torch.distributions` (its argument validation syncs), and noise
   drawn on the input's device (`torch.randn_like`) so each graph replay gets fresh noise.
@@ -33,6 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from rl_graphstep.core.errors import ConfigError
+from rl_graphstep.networks.batchrenorm import BatchRenorm, BatchRenormSettings, renorm_blocks
 
 __all__ = [
     "LOG_STD_MAX",
@@ -143,13 +146,16 @@ class _DefaultActor(nn.Module):
 
 class SquashedGaussianActor(_DefaultActor):
     """SAC's actor: a ReLU MLP giving a Gaussian's mean and log-std, squashed by tanh
-    (arguments as :class:`_DefaultActor`)."""
+    (arguments as :class:`_DefaultActor`; ``batch_renorm``: CrossQ's trunk, batch
+    renormalisation of the input and after each hidden ReLU)."""
 
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Box,
-                 hidden_sizes: Sequence[int] = (256, 256), *, layer_norm: bool = False) -> None:
+                 hidden_sizes: Sequence[int] = (256, 256), *, layer_norm: bool = False,
+                 batch_renorm: BatchRenormSettings | None = None) -> None:
         super().__init__(observation_space, action_space)
         sizes = [self.observation_size, *hidden_sizes]
-        self.trunk = hidden_blocks(sizes, layer_norm=layer_norm)
+        self.trunk = (hidden_blocks(sizes, layer_norm=layer_norm) if batch_renorm is None
+                      else renorm_blocks(sizes, batch_renorm))
         self.mean = nn.Linear(sizes[-1], self.action_size)
         self.log_std = nn.Linear(sizes[-1], self.action_size)
 
@@ -199,6 +205,9 @@ class EnsembleCritic(nn.Module):
     `layer_norm`, each hidden layer's output is normalised over its width and scaled and
     shifted by member e's own `norm_weights[l][e]` / `norm_biases[l][e]` (init 1 and 0)
     before the ReLU: member e is then an `nn.LayerNorm` MLP with those affine parameters.
+    With `batch_renorm` (CrossQ), the input and each hidden layer's output after its ReLU are
+    batch-renormalised with member e's own statistics, scale and shift (each shaped
+    (E, width)), as the original's vmapped critics keep theirs; `normalization` says which.
 
     Args:
         observation_space: flat Box of the observations.
@@ -208,6 +217,7 @@ class EnsembleCritic(nn.Module):
         layer_norm: a LayerNorm after each hidden layer, before its ReLU (``--layer-norm``).
         atoms: 0 for one Q value per member; A > 0 for a distributional critic, whose last
             layer gives each member A logits over the atoms of its support (``--critic-atoms``).
+        batch_renorm: batch renormalisation's settings (CrossQ), or None: none.
     """
 
     def __init__(
@@ -219,6 +229,7 @@ class EnsembleCritic(nn.Module):
         *,
         layer_norm: bool = False,
         atoms: int = 0,
+        batch_renorm: BatchRenormSettings | None = None,
     ) -> None:
         super().__init__()
         if num_critics < 1:
@@ -241,6 +252,14 @@ class EnsembleCritic(nn.Module):
                 nn.Parameter(torch.ones(num_critics, width)) for width in hidden_sizes)
             self.norm_biases = nn.ParameterList(
                 nn.Parameter(torch.zeros(num_critics, width)) for width in hidden_sizes)
+        # How it normalises, for the algorithms that need to know (CrossQ needs batch
+        # statistics; see rl_graphstep.algorithms.crossq).
+        self.normalization = ("batch_renorm" if batch_renorm is not None
+                              else "layer_norm" if self.layer_norm else "none")
+        if batch_renorm is not None:  # only then, as layer_norm's parameters
+            self.input_renorm = BatchRenorm(sizes[0], (num_critics,), batch_renorm)
+            self.hidden_renorms = nn.ModuleList(
+                BatchRenorm(width, (num_critics,), batch_renorm) for width in hidden_sizes)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -270,6 +289,9 @@ class EnsembleCritic(nn.Module):
         """Q values shaped (B, num_critics); with atoms, logits (B, num_critics, atoms)."""
         x = torch.cat([observations, actions], dim=-1)
         h = x.unsqueeze(0).expand(self.num_critics, -1, -1)
+        renorm = self.normalization == "batch_renorm"
+        if renorm:
+            h = self.input_renorm(h)
         last = len(self.weights) - 1
         for i, (weight, bias) in enumerate(zip(self.weights, self.biases, strict=True)):
             # Not `baddbmm`: on CUDA it first copies the broadcast bias into its output (a
@@ -280,6 +302,8 @@ class EnsembleCritic(nn.Module):
                 if self.layer_norm:
                     h = self._normalised(h, i)
                 h = torch.relu(h)
+                if renorm:
+                    h = self.hidden_renorms[i](h)
         if self.atoms:
             return h.transpose(0, 1)
         return h.squeeze(-1).transpose(0, 1)

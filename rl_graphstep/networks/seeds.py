@@ -30,7 +30,7 @@ __all__ = [
     "stack_pairs",
 ]
 
-MIRRORED_ATTRIBUTES = ("observation_size", "action_size", "num_critics")
+MIRRORED_ATTRIBUTES = ("observation_size", "action_size", "num_critics", "normalization")
 """The members' attributes the rest of the code reads from a network; a stack has each its
 members have."""
 

@@ -41,9 +41,11 @@ def field_default(f: dataclasses.Field[Any]) -> Any:
     return f.default
 
 
-# The settings of PPO alone, and of the off-policy algorithms alone (see option's ``algos``).
+# The settings of PPO alone, of the off-policy algorithms alone and of CrossQ alone (see
+# option's ``algos``).
 PPO_ONLY = ("ppo",)
-OFF_POLICY = ("sac", "td3", "ddpg")
+OFF_POLICY = ("sac", "td3", "ddpg", "crossq")
+CROSSQ_ONLY = ("crossq",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,6 +217,16 @@ class Config:
     target_kl: float | None = option(
         None, "PPO: stop a rollout's epochs once an epoch ends with approx_kl above this "
         "(per seed); None: always run every epoch", algos=PPO_ONLY)
+    # CrossQ (the original implementation's names where it has them): read by CrossQ alone.
+    critic_hidden_sizes: tuple[int, ...] | None = option(
+        None, "CrossQ: hidden layer widths of the critic (the paper's are 2048 wide); None: "
+        "--hidden-sizes", algos=CROSSQ_ONLY)
+    batch_renorm_momentum: float = option(
+        0.01, "CrossQ: how far each training call moves batch renormalisation's running "
+        "statistics towards the batch's (Flax's decay 0.99)", algos=CROSSQ_ONLY)
+    batch_renorm_warmup: int = option(
+        100_000, "CrossQ: training calls of each batch renormalisation layer that are plain "
+        "batch normalisation, before its corrections start", algos=CROSSQ_ONLY)
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -132,6 +132,13 @@ def value_problem(name: str, value: Any) -> str | None:
         return f"must be a finite number >= 0, got {value!r}"
     if name == "seeds" and value is not None:
         return seed_list_problem(value)
+    if name == "critic_hidden_sizes" and value is not None and (
+            not value or any(w <= 0 for w in value)):
+        return f"must be one or more positive ints (or None: --hidden-sizes), got {list(value)!r}"
+    if name == "batch_renorm_momentum" and not 0 < value <= 1:
+        return f"must be in (0, 1], got {value!r}"
+    if name == "batch_renorm_warmup" and value < 0:
+        return f"must be >= 0, got {value!r}"
     if name == "hidden_sizes" and (not value or any(w <= 0 for w in value)):
         return f"must be one or more positive ints, got {list(value)!r}"
     if name in _NOISES and not (value >= 0 and math.isfinite(value)):

@@ -70,8 +70,8 @@ def test_help_lists_the_settings_of_the_algorithms_here(monkeypatch: pytest.Monk
     assert "--learning-rate" in flags() and "--learning-starts" not in flags()
 
 
-OFF_POLICY_REFUSED = ("{flag} is a setting of SAC and TD3 and DDPG alone, which --algo ppo "
-                      "does not read: leave it out")
+OFF_POLICY_REFUSED = ("{flag} is a setting of SAC and TD3 and DDPG and CROSSQ alone, which "
+                      "--algo ppo does not read: leave it out")
 
 
 @pytest.mark.parametrize(("argv", "flag"), [

@@ -143,13 +143,13 @@ def test_the_learning_state_is_both_targets(kind: type[TD3], members: int) -> No
 
 def test_every_algorithm_is_an_algo_choice_and_another_name_is_one_line() -> None:
     algo_flag = next(a for a in build_parser()._actions if a.dest == "algo")
-    assert algo_flag.metavar == "{sac,td3,ddpg,ppo}"
-    assert algo_flag.help.startswith("algorithm, one of sac, td3, ddpg, ppo (")
+    assert algo_flag.metavar == "{sac,td3,ddpg,crossq,ppo}"
+    assert algo_flag.help.startswith("algorithm, one of sac, td3, ddpg, crossq, ppo (")
     assert algorithm_class("td3") is TD3
     for name, source, line in [
-            ("a2c", None, "--algo must be one of sac, td3, ddpg, ppo, got 'a2c'"),
+            ("a2c", None, "--algo must be one of sac, td3, ddpg, crossq, ppo, got 'a2c'"),
             ("SAC", "config file 'a.yaml'",
-             "algo must be one of sac, td3, ddpg, ppo, got 'SAC' in config file 'a.yaml'")]:
+             "algo must be one of sac, td3, ddpg, crossq, ppo, got 'SAC' in config file 'a.yaml'")]:
         with pytest.raises(ConfigError) as err:
             check_algorithm(name, source)
         assert str(err.value) == line

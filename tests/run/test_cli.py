@@ -130,6 +130,8 @@ BAD_TRAIN_INPUTS = [
     (["--buffer-size", str(10**30)], "--buffer-size must be at most 9223372036854775807"),
     (["--total-timesteps", str(10**40)], "--total-timesteps must be at most"),
     (["--hidden-sizes", "1000000000"], "use smaller --hidden-sizes"),
+    (["--algo", "crossq", "--critic-hidden-sizes", "1000000000"],
+     "use smaller --critic-hidden-sizes"),
     (["--q-lr", "nan"], "--q-lr must be > 0, got nan"),
     (["--policy-lr", "inf"], "--policy-lr must be a finite number > 0, got inf"),
     (["--gamma", "nan"], "--gamma must be in [0, 1], got nan"),

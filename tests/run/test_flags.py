@@ -89,7 +89,7 @@ def test_help_shows_the_defaults_of_the_env_yaml(capsys: pytest.CaptureFixture[s
     assert ("environment steps of the whole run (default: 15000, from "
             "configs/sac_pendulum.yaml; without it: 1000000)") in out
     assert "rows per gradient update (default: 256)" in out  # the same in both
-    assert "algorithm, one of sac, td3, ddpg, ppo (default: sac)" in out
+    assert "algorithm, one of sac, td3, ddpg, crossq, ppo (default: sac)" in out
     out = help_text(["--help", "--algo", "td3", "--env", "HalfCheetah-v5"], capsys)
     assert "(default: 25000, from configs/td3_mujoco.yaml; without it: 5000)" in out
 
@@ -110,7 +110,7 @@ def test_help_shows_the_config_file_given(tmp_path: Path, monkeypatch: pytest.Mo
     (["--env", "CartPole-v1"],
      "Built-in defaults shown: no shipped YAML for --env CartPole-v1 --algo sac."),
     (["--algo", "a2c"],
-     "Built-in defaults shown: --algo must be one of sac, td3, ddpg, ppo, got 'a2c'."),
+     "Built-in defaults shown: --algo must be one of sac, td3, ddpg, crossq, ppo, got 'a2c'."),
     (["--resume", "runs/x"],
      "Built-in defaults shown; with --resume the run's saved config replaces them."),
 ])
@@ -137,7 +137,7 @@ def test_a_bad_command_line_with_help_is_the_parser_error(
         (["--graph", "maybe"], "--graph must be one of auto, on, off, got 'maybe'"),
         (["--action-stream", "yes"],
          "--action-stream must be one of auto, on, off, got 'yes'"),
-        (["--algo", "a2c"], "--algo must be one of sac, td3, ddpg, ppo, got 'a2c'"),
+        (["--algo", "a2c"], "--algo must be one of sac, td3, ddpg, crossq, ppo, got 'a2c'"),
         (["--vec-env", "subprocess"],
          "--vec-env must be one of auto, sync, async, shared, got 'subprocess'"),
         (["--gamma", "1.5"], "--gamma must be in [0, 1], got 1.5"),

@@ -205,11 +205,11 @@ def test_settings_import_no_algorithm_and_the_command_line_lists_the_names() -> 
             "print(algo.metavar, [m for m in sys.modules "
             "if m.startswith('rl_graphstep.algorithms.')])")
     out = run_python("-c", code, capture_output=True, text=True, check=True).stdout
-    assert out == "[]\n{sac,td3,ddpg,ppo} []\n"
+    assert out == "[]\n{sac,td3,ddpg,crossq,ppo} []\n"
     assert {name: cls.name for name, cls in ALGORITHMS.items()} == {n: n for n in ALGORITHMS}
     # ALGORITHMS here is the off-policy registry; the whole one adds PPO.
-    assert "ppo" not in ALGORITHMS and len(ALGORITHMS) == 3
-    assert list(algorithms.ALGORITHMS) == ["sac", "td3", "ddpg", "ppo"]
+    assert "ppo" not in ALGORITHMS and len(ALGORITHMS) == 4
+    assert list(algorithms.ALGORITHMS) == ["sac", "td3", "ddpg", "crossq", "ppo"]
     assert algorithms.ALGORITHMS["ppo"].name == "ppo" and algorithms.is_on_policy("ppo")
 
 
