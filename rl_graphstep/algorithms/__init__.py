@@ -104,7 +104,9 @@ def check_settings(cfg: Config) -> None:
         algos = f.metadata.get("algos")
         if algos is None or cfg.algo in algos or getattr(cfg, f.name) == field_default(f):
             continue
-        readers = " and ".join(name.upper() for name in algos)
+        # Each by its class's name (SAC, CrossQ), read off the registry without an import.
+        names = [_CLASSES[name].rpartition(":")[2] for name in algos if name in _CLASSES]
+        readers = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
         raise ConfigError(f"{flag_of(f.name)} is a setting of {readers} alone, which --algo "
                           f"{cfg.algo} does not read: leave it out")
 

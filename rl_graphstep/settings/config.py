@@ -41,11 +41,13 @@ def field_default(f: dataclasses.Field[Any]) -> Any:
     return f.default
 
 
-# The settings of PPO alone, of the off-policy algorithms alone and of CrossQ alone (see
-# option's ``algos``).
+# Who reads a setting that not every algorithm reads (see option's ``algos``).
 PPO_ONLY = ("ppo",)
 OFF_POLICY = ("sac", "td3", "ddpg", "crossq")
 CROSSQ_ONLY = ("crossq",)
+TEMPERATURE = ("sac", "crossq")  # the soft actor-critics' entropy temperature
+TD3_ONLY = ("td3",)
+NOISY_ACTORS = ("td3", "ddpg")  # deterministic actors, which explore with added noise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +85,7 @@ class Config:
         "(shared with CUDA graphs, several envs and at least 4 CPUs on x86-64, else sync)"
     )
     updates_per_step: int = option(1, "gradient updates per environment iteration",
-        algos=OFF_POLICY)
+                                   algos=OFF_POLICY)
     tf32: bool = option(
         False, "float32 matmuls on TF32 tensor cores (CUDA): faster, with products rounded "
         "to a 10-bit mantissa"
@@ -109,8 +111,8 @@ class Config:
         "where the episode ends) and bootstraps N steps later; 1: one-step targets",
         algos=OFF_POLICY)
     tau: float = option(0.005, "target network Polyak averaging rate", algos=OFF_POLICY)
-    learning_starts: int = option(5000, "environment steps of random actions before learning",
-        algos=OFF_POLICY)
+    learning_starts: int = option(
+        5000, "environment steps of random actions before learning", algos=OFF_POLICY)
     policy_lr: float = option(3e-4, "actor (and SAC temperature) learning rate", algos=OFF_POLICY)
     q_lr: float = option(1e-3, "critic learning rate", algos=OFF_POLICY)
     weight_decay: float = option(
@@ -125,17 +127,17 @@ class Config:
         1, "critic updates per target network update (SAC; TD3 and DDPG move their targets "
         "with each delayed actor update, every --policy-frequency)",
         algos=OFF_POLICY)
-    alpha: float = option(0.2, "initial entropy temperature (SAC)", algos=OFF_POLICY)
-    autotune: bool = option(True, "learn the temperature towards the target entropy (SAC)",
-        algos=OFF_POLICY)
+    alpha: float = option(0.2, "initial entropy temperature (SAC, CrossQ)", algos=TEMPERATURE)
+    autotune: bool = option(
+        True, "learn the temperature towards the target entropy (SAC, CrossQ)",
+        algos=TEMPERATURE)
     policy_noise: float = option(
-        0.2, "TD3 target policy smoothing noise std, in [-1, 1] action units",
-        algos=OFF_POLICY)
-    noise_clip: float = option(0.5, "TD3 clip of the target policy smoothing noise, [-1, 1] units",
-        algos=OFF_POLICY)
+        0.2, "TD3 target policy smoothing noise std, in [-1, 1] action units", algos=TD3_ONLY)
+    noise_clip: float = option(
+        0.5, "TD3 clip of the target policy smoothing noise, [-1, 1] units", algos=TD3_ONLY)
     exploration_noise: float = option(
         0.1, "TD3/DDPG Gaussian exploration noise std, in [-1, 1] action units",
-        algos=OFF_POLICY)
+        algos=NOISY_ACTORS)
     hidden_sizes: tuple[int, ...] = option((256, 256), "hidden layer widths of actor and critic")
     layer_norm: bool = option(
         False, "a LayerNorm after each hidden layer of the built-in actor and critic, before "
@@ -182,8 +184,8 @@ class Config:
         50_000, "environment steps between checkpoints (one is always written at the end)"
     )
     keep_checkpoints: int = option(3, "how many of the newest checkpoints to keep")
-    save_buffer: bool = option(False, "include the replay buffer in checkpoints (exact resume)",
-        algos=OFF_POLICY)
+    save_buffer: bool = option(
+        False, "include the replay buffer in checkpoints (exact resume)", algos=OFF_POLICY)
     resume: str | None = option(
         None, "continue the run in this folder (runs/<run>) from its latest checkpoint"
     )
