@@ -49,8 +49,8 @@ def build_parser(shown: ShownDefaults | None = None) -> argparse.ArgumentParser:
     # Mistakes raise one ConfigError line; no abbreviations (--learning is no --learning-starts).
     parser = OneLineParser(
         prog="python -m rl_graphstep.train",
-        description="Train an actor-critic agent (SAC, TD3, DDPG off-policy; PPO on-policy) "
-                    "with CUDA-graph-captured updates."
+        description="Train an actor-critic agent (SAC, TD3, DDPG, CrossQ off-policy; PPO "
+                    "on-policy) with CUDA-graph-captured updates."
         + (f" {shown.note}" if shown else ""),
         epilog=(
             "Precedence: built-in defaults < the shipped YAML for --algo and the env "

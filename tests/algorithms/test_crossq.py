@@ -187,10 +187,10 @@ def test_a_critic_that_does_not_normalise_over_the_batch_is_refused_in_one_line(
 
 @pytest.mark.parametrize(("settings", "line"), [
     ({"algo": "sac", "batch_renorm_warmup": 5},
-     "--batch-renorm-warmup is a setting of CROSSQ alone, which --algo sac does not read: "
+     "--batch-renorm-warmup is a setting of CrossQ alone, which --algo sac does not read: "
      "leave it out"),
     ({"algo": "td3", "critic_hidden_sizes": (64,)},
-     "--critic-hidden-sizes is a setting of CROSSQ alone, which --algo td3 does not read: "
+     "--critic-hidden-sizes is a setting of CrossQ alone, which --algo td3 does not read: "
      "leave it out"),
 ])
 def test_crossq_settings_are_refused_by_the_other_algorithms(settings: dict, line: str) -> None:

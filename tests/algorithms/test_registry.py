@@ -70,7 +70,7 @@ def test_help_lists_the_settings_of_the_algorithms_here(monkeypatch: pytest.Monk
     assert "--learning-rate" in flags() and "--learning-starts" not in flags()
 
 
-OFF_POLICY_REFUSED = ("{flag} is a setting of SAC and TD3 and DDPG and CROSSQ alone, which "
+OFF_POLICY_REFUSED = ("{flag} is a setting of SAC, TD3, DDPG and CrossQ alone, which "
                       "--algo ppo does not read: leave it out")
 
 
@@ -108,3 +108,19 @@ def test_ppo_refuses_custom_networks_in_one_line(tmp_path: Path) -> None:
         "--actor: custom networks for --algo ppo are not supported yet; drop --actor (PPO "
         "trains its built-in networks, sized by --hidden-sizes)")
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["--algo", "td3", "--alpha", "0.1"],
+     "--alpha is a setting of SAC and CrossQ alone, which --algo td3 does not read"),
+    (["--algo", "ddpg", "--policy-noise", "0.1"],
+     "--policy-noise is a setting of TD3 alone, which --algo ddpg does not read"),
+    (["--algo", "sac", "--exploration-noise", "0.3"],
+     "--exploration-noise is a setting of TD3 and DDPG alone, which --algo sac does not read"),
+])
+def test_a_setting_of_some_off_policy_algorithms_is_refused_by_the_others(
+        argv: list[str], line: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(["--env", "Pendulum-v1", *argv])
+    assert str(info.value) == line + ": leave it out"
+    assert load_config(["--env", "Pendulum-v1", *argv[:2]])  # the algorithm alone is fine
