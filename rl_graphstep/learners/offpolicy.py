@@ -26,32 +26,10 @@ from rl_graphstep.data.sampler import BatchSampler
 from rl_graphstep.graphstep import AdaptationStep, make_adaptation_step
 from rl_graphstep.learners.fused import MAX_PHASES, FusedUpdate
 from rl_graphstep.learners.metrics import MetricSums
+from rl_graphstep.learners.steps import RecordedLoss, StepCounters
 from rl_graphstep.networks.builtin import StateActionInput
 from rl_graphstep.settings.config import Config
 from rl_graphstep.settings.plan import RunPlan, fall_back
-
-
-class RecordedLoss:
-    """A step's ``loss_function`` made from an algorithm's loss, which returns ``(loss,
-    metrics)``: each metric is written in place into a tensor of its own (made at the first
-    call, before any capture), which a captured graph then rewrites on every replay."""
-
-    def __init__(self, loss: Callable[[Any, Any], tuple[Tensor, Metrics]],
-                 targets: Callable[[Tensor], Any]) -> None:
-        self.loss = loss
-        self.targets = targets
-        self.values: Metrics = {}
-        self.__qualname__ = getattr(loss, "__qualname__", type(loss).__name__)
-
-    def __call__(self, prediction: Any, targets: Tensor) -> Tensor:
-        loss, metrics = self.loss(prediction, self.targets(targets))
-        for name, value in metrics.items():
-            kept = self.values.get(name)
-            if kept is None:
-                self.values[name] = value.detach().clone()
-            else:
-                kept.copy_(value.detach())
-        return loss
 
 
 class JointCriticInput(nn.Module):
@@ -77,7 +55,7 @@ class JointCriticInput(nn.Module):
                                                rows[..., layout.next_observations])
 
 
-class OffPolicyLearner:
+class OffPolicyLearner(StepCounters):
     """One update = a replay sample, a critic step, the algorithm's target update and, when
     its schedule says so, actor steps.
 
@@ -257,26 +235,6 @@ class OffPolicyLearner:
                              self.algorithm.actor_steps(update) > 0)
 
     # ------------------------------------------------------------------ counters
-
-    def skipped_updates(self) -> tuple[Tensor, Tensor]:
-        """(total, longest current run) of steps skipped for non-finite values, on the
-        device; zeros before the steps exist."""
-        guards = [s.guard for s in (self.critic_step, self.actor_step)
-                  if s is not None and s.guard is not None]
-        if not guards:
-            zero = torch.zeros((), dtype=torch.int64, device=self.device)
-            return zero, zero
-        return (torch.stack([g.skipped for g in guards]).sum(),
-                torch.stack([g.consecutive for g in guards]).max())
-
-    def skipped_steps(self) -> dict[str, int]:
-        """Critic and actor steps skipped in this process, by kind, over all seeds (reads
-        the device)."""
-        counts = {}
-        for kind, step in (("critic", self.critic_step), ("actor", self.actor_step)):
-            guard = None if step is None else step.guard
-            counts[kind] = 0 if guard is None else int(guard.skipped.sum().item())
-        return counts
 
     def steps_made(self, updates: int) -> dict[str, int]:
         """The critic and actor steps of the first ``updates`` updates, over all seeds."""

@@ -39,7 +39,7 @@ from rl_graphstep.core.guards import clip_grad_norm
 from rl_graphstep.data.rollout import Rollout
 from rl_graphstep.graphstep import AdaptationStep, make_adaptation_step
 from rl_graphstep.learners.metrics import MetricSums
-from rl_graphstep.learners.offpolicy import RecordedLoss
+from rl_graphstep.learners.steps import RecordedLoss, StepCounters
 from rl_graphstep.networks.policies import ActionEvaluation
 from rl_graphstep.settings.config import Config
 from rl_graphstep.settings.plan import RunPlan, fall_back
@@ -47,7 +47,7 @@ from rl_graphstep.settings.plan import RunPlan, fall_back
 ADAM_EPS = 1e-5  # CleanRL's PPO Adam
 
 
-class OnPolicyLearner:
+class OnPolicyLearner(StepCounters):
     """PPO's updates of the rollouts in ``rollout``, on ``plan.device``.
 
     :meth:`build` makes the steps (captured or eager, as ``plan`` says); each
@@ -275,26 +275,6 @@ class OnPolicyLearner:
         self.gate.mul_((approx_kl <= target_kl).to(self.gate.dtype))
 
     # ------------------------------------------------------------------ counters
-
-    def skipped_updates(self) -> tuple[Tensor, Tensor]:
-        """(total, longest current run) of steps skipped for non-finite values, on the
-        device; zeros before the steps exist."""
-        guards = [s.guard for s in (self.critic_step, self.actor_step)
-                  if s is not None and s.guard is not None]
-        if not guards:
-            zero = torch.zeros((), dtype=torch.int64, device=self.device)
-            return zero, zero
-        return (torch.stack([g.skipped for g in guards]).sum(),
-                torch.stack([g.consecutive for g in guards]).max())
-
-    def skipped_steps(self) -> dict[str, int]:
-        """Critic and actor steps skipped in this process, by kind, over all seeds (reads
-        the device)."""
-        counts = {}
-        for kind, step in (("critic", self.critic_step), ("actor", self.actor_step)):
-            guard = None if step is None else step.guard
-            counts[kind] = 0 if guard is None else int(guard.skipped.sum().item())
-        return counts
 
     def steps_made(self, updates: int) -> dict[str, int]:
         """The critic and actor steps of the first ``updates`` updates, over all seeds: one
