@@ -26,10 +26,10 @@ from rl_graphstep.data.sampler import BatchSampler
 from rl_graphstep.graphstep import AdaptationStep, make_adaptation_step
 from rl_graphstep.learners.fused import MAX_PHASES, FusedUpdate
 from rl_graphstep.learners.metrics import MetricSums
-from rl_graphstep.learners.steps import RecordedLoss, StepCounters
+from rl_graphstep.learners.steps import RecordedLoss, StepPair
 from rl_graphstep.networks.builtin import StateActionInput
 from rl_graphstep.settings.config import Config
-from rl_graphstep.settings.plan import RunPlan, fall_back
+from rl_graphstep.settings.plan import RunPlan
 
 
 class JointCriticInput(nn.Module):
@@ -55,7 +55,7 @@ class JointCriticInput(nn.Module):
                                                rows[..., layout.next_observations])
 
 
-class OffPolicyLearner(StepCounters):
+class OffPolicyLearner(StepPair):
     """One update = a replay sample, a critic step, the algorithm's target update and, when
     its schedule says so, actor steps.
 
@@ -123,13 +123,7 @@ class OffPolicyLearner(StepCounters):
         # a resumed run must draw exactly what the uninterrupted one would.
         batch = self.cfg.batch_size
         rows = self.buffer.storage[:batch] if self.seeds == 1 else self.buffer.storage[:, :batch]
-        while True:
-            try:
-                self._make_steps(rows)
-                break
-            except CaptureError as error:
-                self.critic_step = self.actor_step = None
-                self.plan = fall_back(self.plan, error)
+        self._build_steps(rows)
         if self.plan.compile and self.algorithm.polyak is not None:
             self.algorithm.polyak.compile()  # before any graph records it
         assert self.critic_step is not None and self.actor_step is not None

@@ -39,15 +39,15 @@ from rl_graphstep.core.guards import clip_grad_norm
 from rl_graphstep.data.rollout import Rollout
 from rl_graphstep.graphstep import AdaptationStep, make_adaptation_step
 from rl_graphstep.learners.metrics import MetricSums
-from rl_graphstep.learners.steps import RecordedLoss, StepCounters
+from rl_graphstep.learners.steps import RecordedLoss, StepPair
 from rl_graphstep.networks.policies import ActionEvaluation
 from rl_graphstep.settings.config import Config
-from rl_graphstep.settings.plan import RunPlan, fall_back
+from rl_graphstep.settings.plan import RunPlan
 
 ADAM_EPS = 1e-5  # CleanRL's PPO Adam
 
 
-class OnPolicyLearner(StepCounters):
+class OnPolicyLearner(StepPair):
     """PPO's updates of the rollouts in ``rollout``, on ``plan.device``.
 
     :meth:`build` makes the steps (captured or eager, as ``plan`` says); each
@@ -119,13 +119,7 @@ class OnPolicyLearner(StepCounters):
         the plan that holds."""
         self.sums = sums
         rows = self._view(self.rollout.flat_rows[:, : self.minibatch_size])
-        while True:
-            try:
-                self._make_steps(rows)
-                break
-            except CaptureError as error:
-                self.critic_step = self.actor_step = None
-                self.plan = fall_back(self.plan, error)
+        self._build_steps(rows)
         self._outputs, self._columns = self._step_buffers()
         names = tuple(self._minibatch_metrics())
         self._metric_names = names

@@ -1,6 +1,6 @@
 """What both learners share about their two adaptation steps (the critic's and the actor's):
-losses that record their metrics for the captured graphs, and the steps' counts of what
-their non-finite guards skipped."""
+losses that record their metrics for the captured graphs, building the steps with the run
+plan's fallbacks, and the steps' counts of what their non-finite guards skipped."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import torch
 from torch import Tensor
 
 from rl_graphstep.algorithms.base import Metrics
+from rl_graphstep.core.errors import CaptureError
 from rl_graphstep.graphstep import AdaptationStep
+from rl_graphstep.settings.plan import RunPlan, fall_back
 
 
 class RecordedLoss:
@@ -37,13 +39,29 @@ class RecordedLoss:
         return loss
 
 
-class StepCounters:
-    """The skip counters of a learner's ``critic_step`` and ``actor_step`` (None until
-    built), on its ``device``."""
+class StepPair:
+    """A learner's ``critic_step`` and ``actor_step`` (None until built), on its ``device``,
+    as its ``plan`` runs them: built by the learner's ``_make_steps``, and counted."""
 
     critic_step: AdaptationStep | None
     actor_step: AdaptationStep | None
     device: torch.device
+    plan: RunPlan
+
+    def _make_steps(self, rows: Tensor) -> None:
+        raise NotImplementedError
+
+    def _build_steps(self, rows: Tensor) -> None:
+        """The two steps from the example ``rows``; a step that cannot be captured (or
+        compiled) falls back as the plan allows (``plan.fall_back``), and both are built
+        again under the plan that holds."""
+        while True:
+            try:
+                self._make_steps(rows)
+                return
+            except CaptureError as error:
+                self.critic_step = self.actor_step = None
+                self.plan = fall_back(self.plan, error)
 
     def skipped_updates(self) -> tuple[Tensor, Tensor]:
         """(total, longest current run) of steps skipped for non-finite values, on the
