@@ -137,12 +137,7 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
         _check_named_folder(cfg, run_dir, resumed=resumed is not None)
     removed = None if by_clock else clean_partial_saves(run_dir)
     start_step = int(resumed["global_step"]) if resumed else 0
-    on_policy = is_on_policy(cfg.algo)
-    plan = plan_run(cfg, device, updates_ahead=_updates_ahead(cfg, start_step, on_policy),
-                    cpus=cpus)
-    if on_policy:
-        plan = dataclasses.replace(plan, action_stream=False, insist_on_action_stream=False,
-                                   acting_note=ON_POLICY_ACTING)
+    plan = _plan(cfg, device, start_step, cpus)
     seeds = cfg.seed_list  # a group of K seeds steps K x num_envs envs
     seed_everything(seeds[0])
     envs = make_vec_env(cfg.env_id, num_envs=len(seeds) * cfg.num_envs, seed=seeds[0],
@@ -162,7 +157,6 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     learner = _learner(cfg, plan, observation_space, action_space, actor, critic)
     algorithm = learner.algorithm
     buffer = None if isinstance(learner, OnPolicyLearner) else learner.buffer
-    normalizer = None if buffer is None else buffer.normalizer
     progress = Progress.of(cfg.env_id, seeds, cfg.num_envs)
     # n-step rows are built on the host as transitions arrive (see data.nstep).
     nstep = (NStepRows(cfg.n_step, cfg.gamma, len(seeds), cfg.num_envs, observation_size,
@@ -176,20 +170,8 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     # Resumed from an older checkpoint: the later ones belong to the abandoned timeline. Moved
     # once the checkpoint is restored, so a resume refused on the way leaves them be.
     set_aside = set_aside_later(run_dir, int(resumed["global_step"])) if resumed else None
-    collector: Collector | RolloutCollector
-    if isinstance(learner, OnPolicyLearner):
-        collector = RolloutCollector(envs, observations, learner, progress.nonfinite)
-    else:
-        collector = Collector(envs, observations, learner.buffer, progress.nonfinite,
-                              seed_tallies=progress.tallies if progress.grouped else (),
-                              nstep=nstep)
-    if (buffer is not None and resumed is not None and learner.updates > 0
-            and len(buffer) < cfg.batch_size):
-        # A trained policy resumed without a batch in its buffer acts at once, eagerly,
-        # until the buffer refills one and the learner is built; nothing is captured for it.
-        normalize = None if normalizer is None else normalizer.normalize
-        collector.act_with(ActionPipe(acting_policy(algorithm, algorithm.actor, normalize),
-                                      envs.num_envs, observation_size, action_space, device))
+    collector = _collector(cfg, envs, observations, learner, progress, nstep,
+                           resumed=resumed is not None)
     if by_clock:
         # Made here, not earlier, so that bad input leaves no empty folder behind; a run
         # started in the same second (the name's resolution) gets a folder of its own.
@@ -212,6 +194,38 @@ def set_up(cfg: Config, device: torch.device, actor: NetworkSpec, critic: Networ
     return Run(cfg, run_dir, progress, learner, collector, plan, log,
                LoopClock(progress.global_step), first_line,
                resumed.get("staged_actor") if resumed else None)
+
+
+def _plan(cfg: Config, device: torch.device, start_step: int, cpus: int | None) -> RunPlan:
+    """How the run's updates and envs run (``plan_run``); an on-policy learner acts itself,
+    in line (no action stream)."""
+    on_policy = is_on_policy(cfg.algo)
+    plan = plan_run(cfg, device, updates_ahead=_updates_ahead(cfg, start_step, on_policy),
+                    cpus=cpus)
+    if on_policy:
+        plan = dataclasses.replace(plan, action_stream=False, insist_on_action_stream=False,
+                                   acting_note=ON_POLICY_ACTING)
+    return plan
+
+
+def _collector(cfg: Config, envs: gym.vector.VectorEnv, observations: Any,
+               learner: OffPolicyLearner | OnPolicyLearner, progress: Progress,
+               nstep: NStepRows | None, *, resumed: bool) -> Collector | RolloutCollector:
+    """The collector of the learner's kind, on the envs as set up (or restored)."""
+    if isinstance(learner, OnPolicyLearner):
+        return RolloutCollector(envs, observations, learner, progress.nonfinite)
+    collector = Collector(envs, observations, learner.buffer, progress.nonfinite,
+                          seed_tallies=progress.tallies if progress.grouped else (),
+                          nstep=nstep)
+    buffer, algorithm = learner.buffer, learner.algorithm
+    if resumed and learner.updates > 0 and len(buffer) < cfg.batch_size:
+        # A trained policy resumed without a batch in its buffer acts at once, eagerly,
+        # until the buffer refills one and the learner is built; nothing is captured for it.
+        normalize = None if buffer.normalizer is None else buffer.normalizer.normalize
+        collector.act_with(ActionPipe(acting_policy(algorithm, algorithm.actor, normalize),
+                                      envs.num_envs, buffer.observation_size,
+                                      envs.single_action_space, learner.device))
+    return collector
 
 
 def _check_networks_asked(cfg: Config, actor: NetworkSpec, critic: NetworkSpec) -> None:
