@@ -51,8 +51,10 @@ def test_a_captured_ppo_run_trains_logs_and_evaluates(env: str, seeds: int,
 def test_a_captured_run_resumes_at_a_rollout_boundary_as_it_went_on(env: str,
                                                                      tmp_path: Path) -> None:
     """The graphs replay the same kernels from the restored state: the two halves end where
-    the straight run does (--no-anneal-lr: see the CPU test)."""
-    args = ["--env", env, *BASE, "--no-anneal-lr", "--log-dir", str(tmp_path)]
+    the straight run does (--no-anneal-lr: see the CPU test; --vec-env sync: the envs are
+    saved with the checkpoint, where shared workers' episodes would restart)."""
+    args = ["--env", env, *BASE, "--no-anneal-lr", "--vec-env", "sync", "--log-dir",
+            str(tmp_path)]
     train(load_config([*args, "--total-timesteps", "1024", "--run-name", "straight"]))
     train(load_config([*args, "--total-timesteps", "512", "--run-name", "halves"]))
     assert main(["--resume", str(tmp_path / "halves"), "--total-timesteps", "1024"]) == 0
