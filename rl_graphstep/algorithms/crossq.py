@@ -21,15 +21,11 @@ from rl_graphstep.algorithms.sac import SAC
 from rl_graphstep.core.errors import ConfigError
 from rl_graphstep.networks.batchrenorm import BatchRenormSettings, InTrainingMode, training_mode
 from rl_graphstep.networks.builtin import EnsembleCritic, SquashedGaussianActor
-from rl_graphstep.settings.config import Config, field_default
-from rl_graphstep.settings.values import flag_of
+from rl_graphstep.settings.config import Config
 
 # The critics that CrossQ can train: they normalise over the batch in training mode and with
 # running statistics in inference mode (the learner switches the modes).
 BATCH_NORMALIZATIONS = ("batch_renorm", "batch_norm")
-
-# The settings of a target network: a run that set them would not get what it asked for.
-TARGET_SETTINGS = ("tau", "target_network_frequency")
 
 # Adam's betas, the paper's (Section 4, and the original's `adam_b1 = 0.5`): the moment
 # estimates must follow the critic as fast as the batch statistics move.
@@ -71,13 +67,6 @@ class CrossQ(SAC):
         check_critic_normalizes(critic)
         super().__init__(actor, critic, cfg, action_size=action_size, device=device,
                          seeds=seeds)
-        if self.support is not None:
-            raise ConfigError("--critic-atoms: CrossQ's critic gives Q values (its TD target "
-                              "reads them from the joint forward); leave --critic-atoms 0")
-        for name in TARGET_SETTINGS:
-            if getattr(cfg, name) != field_default(Config.__dataclass_fields__[name]):
-                raise ConfigError(f"{flag_of(name)} sets the target network, which CrossQ "
-                                  f"does not have: leave {flag_of(name)} out")
         self.actor.eval()
         self.critic.eval()
 
@@ -94,9 +83,6 @@ class CrossQ(SAC):
                        cfg: Config) -> nn.Module:
         """Twin critics of ``--critic-hidden-sizes`` (the paper's 2048 units), each with its
         own batch renormalisation of its input and hidden layers, in inference mode."""
-        if cfg.layer_norm:
-            raise ConfigError("--layer-norm: CrossQ's networks normalise by batch "
-                              "renormalisation; leave --layer-norm off")
         return EnsembleCritic(observation_space, action_space,
                               cfg.critic_hidden_sizes or cfg.hidden_sizes,
                               num_critics=cls.num_critics,

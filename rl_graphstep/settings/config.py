@@ -48,6 +48,10 @@ CROSSQ_ONLY = ("crossq",)
 TEMPERATURE = ("sac", "crossq")  # the soft actor-critics' entropy temperature
 TD3_ONLY = ("td3",)
 NOISY_ACTORS = ("td3", "ddpg")  # deterministic actors, which explore with added noise
+# Target networks and plain MLP critics: all but CrossQ, which has neither (its critic reads
+# its own TD target and normalises by batch renormalisation).
+TARGET_NETWORKS = ("sac", "td3", "ddpg")
+SAC_ONLY = ("sac",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +114,7 @@ class Config:
         1, "n-step returns: each stored transition sums up to N discounted rewards (fewer "
         "where the episode ends) and bootstraps N steps later; 1: one-step targets",
         algos=OFF_POLICY)
-    tau: float = option(0.005, "target network Polyak averaging rate", algos=OFF_POLICY)
+    tau: float = option(0.005, "target network Polyak averaging rate", algos=TARGET_NETWORKS)
     learning_starts: int = option(
         5000, "environment steps of random actions before learning", algos=OFF_POLICY)
     policy_lr: float = option(3e-4, "actor (and SAC temperature) learning rate", algos=OFF_POLICY)
@@ -126,7 +130,7 @@ class Config:
     target_network_frequency: int = option(
         1, "critic updates per target network update (SAC; TD3 and DDPG move their targets "
         "with each delayed actor update, every --policy-frequency)",
-        algos=OFF_POLICY)
+        algos=SAC_ONLY)
     alpha: float = option(0.2, "initial entropy temperature (SAC, CrossQ)", algos=TEMPERATURE)
     autotune: bool = option(
         True, "learn the temperature towards the target entropy (SAC, CrossQ)",
@@ -144,21 +148,21 @@ class Config:
         "its ReLU: for large batches (thousands of rows) and several updates per step, where "
         "FastSAC uses it to keep the critic from growing unstable; off: plain MLPs, as "
         "CleanRL's. Not for custom --actor/--critic",
-        algos=OFF_POLICY)
+        algos=TARGET_NETWORKS)
     critic_atoms: int = option(
         0, "a distributional (C51) critic: each member's value is a categorical distribution "
         "over this many atoms spread evenly on [--v-min, --v-max], trained by cross-entropy "
         "towards the projected target distribution, as FastTD3 and FastSAC do (51 as in C51, "
         "101 there); 0: the scalar critic trained by mean squared error",
-        algos=OFF_POLICY)
+        algos=TARGET_NETWORKS)
     v_min: float | None = option(
         None, "with --critic-atoms, the lowest value of the critic's support: below the "
         "lowest return to expect (|Q| is at most about max|r| / (1 - gamma))",
-        algos=OFF_POLICY)
+        algos=TARGET_NETWORKS)
     v_max: float | None = option(
         None, "with --critic-atoms, the highest value of the critic's support: above the "
         "highest return to expect",
-        algos=OFF_POLICY)
+        algos=TARGET_NETWORKS)
     actor: str | None = option(
         None, "custom actor class, package.module:ClassName or path/to/file.py:ClassName"
     )

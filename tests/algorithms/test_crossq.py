@@ -198,22 +198,29 @@ def test_crossq_settings_are_refused_by_the_other_algorithms(settings: dict, lin
         check_settings(Config(**settings))
 
 
-@pytest.mark.parametrize(("setting", "flag"), [({"tau": 0.01}, "--tau"),
-                                              ({"target_network_frequency": 2},
-                                               "--target-network-frequency")])
-def test_target_network_settings_are_refused_in_one_line(setting: dict, flag: str) -> None:
+@pytest.mark.parametrize(("setting", "line"), [
+    ({"tau": 0.01}, "--tau is a setting of SAC, TD3 and DDPG alone"),
+    ({"target_network_frequency": 2}, "--target-network-frequency is a setting of SAC alone"),
+    ({"layer_norm": True}, "--layer-norm is a setting of SAC, TD3 and DDPG alone"),
+    ({"critic_atoms": 51, "v_min": -10.0, "v_max": 0.0},
+     "--critic-atoms is a setting of SAC, TD3 and DDPG alone"),
+])
+def test_target_network_layer_norm_and_c51_settings_are_refused_in_one_line(
+        setting: dict, line: str) -> None:
+    """CrossQ has no target network, normalises by batch renormalisation and its TD target
+    reads Q values from the joint forward: each setting of those is one line, from
+    wherever it comes (flag, YAML, Config, sweep: all go through check_settings)."""
     with pytest.raises(ConfigError) as error:
-        make_crossq(**setting)
-    assert str(error.value) == (f"{flag} sets the target network, which CrossQ does not have: "
-                                f"leave {flag} out")
+        check_settings(Config(algo="crossq", **setting))
+    assert str(error.value) == f"{line}, which --algo crossq does not read: leave it out"
 
 
-def test_a_distributional_critic_or_layer_norm_is_refused_in_one_line() -> None:
-    with pytest.raises(ConfigError, match=r"^--critic-atoms: CrossQ's critic gives Q values"):
-        make_crossq(critic_atoms=51, v_min=-10.0, v_max=0.0)
-    with pytest.raises(ConfigError, match=r"^--layer-norm: CrossQ's networks normalise by "
-                                          r"batch renormalisation; leave --layer-norm off$"):
-        make_crossq(layer_norm=True)
+def test_td3_and_ddpg_refuse_the_target_network_frequency_they_do_not_read() -> None:
+    """They move their targets with each delayed actor update (--policy-frequency)."""
+    for algo in ("td3", "ddpg"):
+        with pytest.raises(ConfigError, match=f"which --algo {algo} does not read"):
+            check_settings(Config(algo=algo, target_network_frequency=2))
+    check_settings(Config(algo="sac", target_network_frequency=2))
 
 
 @pytest.mark.parametrize(("name", "value", "line"), [

@@ -79,7 +79,7 @@ OFF_POLICY_REFUSED = ("{flag} is a setting of SAC, TD3, DDPG and CrossQ alone, w
     (["--batch-size", "64"], "--batch-size"),
     (["--buffer-size", "1000"], "--buffer-size"),
     (["--policy-lr", "0.001"], "--policy-lr"),
-    (["--tau", "0.01"], "--tau"),
+    (["--q-lr", "0.01"], "--q-lr"),
     (["--obs-norm"], "--obs-norm"),
     (["--save-buffer"], "--save-buffer"),
     (["--n-step", "3"], "--n-step"),
