@@ -122,15 +122,16 @@ def _minutes(seconds: float) -> str:
 def table(results: Sequence[ArmResult], marks_s: Sequence[float],
           threshold: float | None) -> str:
     """One row per arm: its flags, steps, speed, IQM at each mark and time to threshold."""
-    head = ["arm", "flags", "env steps per seed", "env steps/s in all",
+    head = ["arm", "flags", "env steps per seed", "env steps/s in all", "updates per seed",
             *(f"IQM at {m / 60:g} min" for m in marks_s)]
     if threshold is not None:
         head.append(f"time to {threshold:,.0f} [95% CI]")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
     for result in results:
         group = result.group
+        updates = group.updates_per_seed
         cells = [result.arm.name, f"`{shlex.join(result.arm.flags)}`", f"{group.steps:,}",
-                 f"{group.env_steps_per_s:,.0f}"]
+                 f"{group.env_steps_per_s:,.0f}", "-" if updates is None else f"{updates:,}"]
         for mark in marks_s:
             moment, value, low, high = at_budget(group, mark)
             late = "" if moment >= mark else f" (ended at {moment / 60:.1f} min)"

@@ -106,16 +106,23 @@ class GroupResult:
         return np.maximum.accumulate(np.asarray(times, dtype=np.float64))
 
     @property
-    def gradient_samples(self) -> int | None:
-        """Rows sampled for critic updates by all seeds: each seed makes ``updates_per_step``
-        updates of ``batch_size`` rows per iteration of ``num_envs`` steps once past
-        ``learning_starts``. None where its settings were not recorded."""
+    def updates_per_seed(self) -> int | None:
+        """Critic updates each seed made: ``updates_per_step`` per iteration of ``num_envs``
+        steps once past ``learning_starts``. None where its settings were not recorded."""
         settings = self.settings
         if any(settings.get(name) is None for name in SETTINGS):
             return None
         iterations = max(0, self.steps - settings["learning_starts"]) // settings["num_envs"]
-        return (len(self.curves) * iterations * settings["updates_per_step"]
-                * settings["batch_size"])
+        return iterations * settings["updates_per_step"]
+
+    @property
+    def gradient_samples(self) -> int | None:
+        """Rows sampled for critic updates by all seeds: ``batch_size`` rows per update of
+        each seed. None where its settings were not recorded."""
+        updates = self.updates_per_seed
+        if updates is None:
+            return None
+        return len(self.curves) * updates * self.settings["batch_size"]
 
     @property
     def gradient_samples_per_s(self) -> float | None:

@@ -65,7 +65,8 @@ def hand_group() -> GroupResult:
     -80 and -40 at 8 s and 18 s."""
     curves = [SeedCurve(1, np.array([200, 400]), np.array([-100.0, -50.0]), np.array([5.0, 15.0])),
               SeedCurve(2, np.array([200, 400]), np.array([-80.0, -40.0]), np.array([8.0, 18.0]))]
-    return GroupResult("Pendulum-v1", "sac", curves, 400, 20.0, timed_from="launch")
+    settings = {"num_envs": 4, "batch_size": 64, "updates_per_step": 2, "learning_starts": 100}
+    return GroupResult("Pendulum-v1", "sac", curves, 400, 20.0, settings, timed_from="launch")
 
 
 def test_the_iqm_curve_every_ten_seconds() -> None:
@@ -89,9 +90,10 @@ def test_the_table_gives_the_iqm_at_each_mark_and_the_time_to_the_threshold(
     row = next(line for line in table.splitlines() if line.startswith("| a |"))
     # 400 steps x 2 seeds in 20 s; at 15 s the seeds' last-10 means are -75 and -80 (the IQM
     # of two is their mean, -77.5); the IQM curve first reaches -70 at 18 s (-75 and -60).
-    assert row.split(" | ")[1:4] == ["`--n-step 3`", "400", "40"]
-    assert row.split(" | ")[4] == "-78 [-80, -75]"
-    assert row.split(" | ")[5].startswith("0.3 min")
+    # Updates: (400 - 100) / 4 = 75 iterations of 2 updates.
+    assert row.split(" | ")[1:5] == ["`--n-step 3`", "400", "40", "150"]
+    assert row.split(" | ")[5] == "-78 [-80, -75]"
+    assert row.split(" | ")[6].startswith("0.3 min")
     assert "a: 400 steps per seed" in capsys.readouterr().out
     assert (tmp_path / "out" / "recipes.csv").read_text().splitlines() == [
         "arm,seconds,iqm", "a,10,-90.00", "a,20,-67.50"]
