@@ -1,0 +1,97 @@
+"""Algorithms side by side in one process: each one's update alone (µs per update, its
+shipped settings) and the training loop's env steps/s, so that what an algorithm costs over
+another is measured on one machine in one call.
+
+Each algorithm runs with the YAML file its task picks (``configs/<algo>_mujoco.yaml`` on a
+MuJoCo task: CrossQ's 2,048-wide critic, its actor every 3rd update), compiled CUDA graphs
+on the GPU. The update is timed over a buffer of random rows (µs per update, averaged over
+the updates with and without the actor's); the loop runs from ``--learning-starts`` and
+counts its learning phase only.
+
+    python benchmarks/algos.py --env HalfCheetah-v5 --algos sac crossq --steps 15000
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from collections.abc import Sequence
+
+import gymnasium as gym
+import torch
+from learner import built_learner
+from throughput import synchronize, time_updates
+
+from rl_graphstep.run.flags import load_config
+from rl_graphstep.settings.config import Config
+from rl_graphstep.settings.plan import matmul_precision
+from rl_graphstep.train import train
+
+
+def flags_of(device: str) -> list[str]:
+    """Compiled graphs on CUDA, the eager loop elsewhere."""
+    return ["--graph", "on", "--compile", "on"] if device == "cuda" else ["--graph", "off"]
+
+
+def update_us(cfg: Config, updates: int) -> float:
+    """µs per update of ``cfg``'s learner, built as the loop builds it, after 20 updates."""
+    env = gym.make(cfg.env_id)
+    device = torch.device(cfg.device)
+    with matmul_precision(cfg.tf32):  # a captured graph keeps the kernels chosen here
+        learner = built_learner(cfg, env.observation_space, env.action_space, device)
+        for _ in range(20):
+            learner.update()
+        synchronize(device)
+    env.close()
+    return time_updates(learner, updates)
+
+
+def critic_parameters(cfg: Config) -> int:
+    """Parameters of one seed's default critic (all its members)."""
+    from rl_graphstep.algorithms import algorithm_class
+
+    env = gym.make(cfg.env_id)
+    critic = algorithm_class(cfg.algo).default_critic(env.observation_space, env.action_space,
+                                                      cfg)
+    env.close()
+    return sum(p.numel() for p in critic.parameters())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--env", default="HalfCheetah-v5")
+    parser.add_argument("--algos", nargs="+", default=["sac", "crossq"])
+    parser.add_argument("--steps", type=int, default=15_000, help="env steps of each loop")
+    parser.add_argument("--learning-starts", type=int, default=1_000)
+    parser.add_argument("--updates", type=int, default=2_000, help="updates timed alone")
+    parser.add_argument("--num-seeds", type=int, default=1)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    args = parser.parse_args(argv)
+    rows = []
+    for algo in args.algos:
+        base = ["--env", args.env, "--algo", algo, "--device", args.device,
+                *flags_of(args.device), "--num-seeds", str(args.num_seeds)]
+        with tempfile.TemporaryDirectory() as log_dir:
+            summary = train(load_config([
+                *base, "--total-timesteps", str(args.steps), "--learning-starts",
+                str(args.learning_starts), "--buffer-size", str(args.steps), "--log-dir",
+                log_dir, "--no-progress"]))
+        cfg = load_config(base)
+        us = update_us(cfg, args.updates)
+        rows.append((algo, critic_parameters(cfg), cfg.batch_size, cfg.policy_frequency, us,
+                     summary["learning_sps"]))
+        print(f"{algo}: {us:,.0f} µs per update, {summary['learning_sps']:,.0f} env steps/s",
+              flush=True)
+    print(f"\n{args.env}, {args.num_seeds} seed(s), {args.device}, torch {torch.__version__}\n")
+    print("| algorithm | critic parameters | batch | actor every | µs per update | "
+          "env steps/s per seed | vs first |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    first = rows[0][5]
+    for algo, params, batch, every, us, sps in rows:
+        print(f"| {algo} | {params:,} | {batch} | {every} | {us:,.0f} | {sps:,.0f} | "
+              f"{sps / first:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
