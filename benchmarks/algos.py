@@ -1,14 +1,15 @@
-"""Algorithms side by side in one process: each one's update alone (µs per update, its
-shipped settings) and the training loop's env steps/s, so that what an algorithm costs over
-another is measured on one machine in one call.
+"""Algorithms side by side in one process: each arm's update alone (µs per update) and the
+training loop's env steps/s, so that what an algorithm (or a setting) costs over another is
+measured on one machine in one call.
 
-Each algorithm runs with the YAML file its task picks (``configs/<algo>_mujoco.yaml`` on a
-MuJoCo task: CrossQ's 2,048-wide critic, its actor every 3rd update), compiled CUDA graphs
-on the GPU. The update is timed over a buffer of random rows (µs per update, averaged over
-the updates with and without the actor's); the loop runs from ``--learning-starts`` and
-counts its learning phase only.
+An arm is a name and training flags (``crossq=--algo crossq``), run with the YAML file its
+algorithm and task pick (``configs/<algo>_mujoco.yaml`` on a MuJoCo task: CrossQ's
+2,048-wide critic, its actor every 3rd update), compiled CUDA graphs on the GPU. The update
+is timed over a buffer of random rows (µs per update, averaged over the updates with and
+without the actor's); the loop runs from ``--learning-starts`` and counts its learning phase.
 
-    python benchmarks/algos.py --env HalfCheetah-v5 --algos sac crossq --steps 15000
+    python benchmarks/algos.py --env HalfCheetah-v5 --num-seeds 5 --arm "sac=--algo sac" \
+        --arm "crossq=--algo crossq" --arm "crossq+tf32=--algo crossq --tf32"
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 import gymnasium as gym
 import torch
 from learner import built_learner
+from recipes import parse_arm
 from throughput import synchronize, time_updates
 
 from rl_graphstep.run.flags import load_config
@@ -60,17 +62,23 @@ def critic_parameters(cfg: Config) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="HalfCheetah-v5")
-    parser.add_argument("--algos", nargs="+", default=["sac", "crossq"])
+    parser.add_argument("--arm", action="append", metavar="NAME=FLAGS",
+                        help="an algorithm and its flags (default: sac and crossq)")
     parser.add_argument("--steps", type=int, default=15_000, help="env steps of each loop")
     parser.add_argument("--learning-starts", type=int, default=1_000)
     parser.add_argument("--updates", type=int, default=2_000, help="updates timed alone")
     parser.add_argument("--num-seeds", type=int, default=1)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     args = parser.parse_args(argv)
+    try:
+        arms = [parse_arm(spec) for spec in args.arm or ["sac=--algo sac",
+                                                          "crossq=--algo crossq"]]
+    except ValueError as error:
+        parser.error(str(error))
     rows = []
-    for algo in args.algos:
-        base = ["--env", args.env, "--algo", algo, "--device", args.device,
-                *flags_of(args.device), "--num-seeds", str(args.num_seeds)]
+    for arm in arms:
+        base = ["--env", args.env, "--device", args.device, *flags_of(args.device),
+                "--num-seeds", str(args.num_seeds), *arm.flags]
         with tempfile.TemporaryDirectory() as log_dir:
             summary = train(load_config([
                 *base, "--total-timesteps", str(args.steps), "--learning-starts",
@@ -78,17 +86,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 log_dir, "--no-progress"]))
         cfg = load_config(base)
         us = update_us(cfg, args.updates)
-        rows.append((algo, critic_parameters(cfg), cfg.batch_size, cfg.policy_frequency, us,
-                     summary["learning_sps"]))
-        print(f"{algo}: {us:,.0f} µs per update, {summary['learning_sps']:,.0f} env steps/s",
+        rows.append((arm.name, critic_parameters(cfg), cfg.batch_size, cfg.policy_frequency,
+                     us, summary["learning_sps"]))
+        print(f"{arm.name}: {us:,.0f} µs per update, {summary['learning_sps']:,.0f} env steps/s",
               flush=True)
     print(f"\n{args.env}, {args.num_seeds} seed(s), {args.device}, torch {torch.__version__}\n")
-    print("| algorithm | critic parameters | batch | actor every | µs per update | "
+    print("| arm | critic parameters | batch | actor every | µs per update | "
           "env steps/s per seed | vs first |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     first = rows[0][5]
-    for algo, params, batch, every, us, sps in rows:
-        print(f"| {algo} | {params:,} | {batch} | {every} | {us:,.0f} | {sps:,.0f} | "
+    for name, params, batch, every, us, sps in rows:
+        print(f"| {name} | {params:,} | {batch} | {every} | {us:,.0f} | {sps:,.0f} | "
               f"{sps / first:.2f}x |")
     return 0
 

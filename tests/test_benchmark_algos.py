@@ -1,5 +1,5 @@
-"""benchmarks/algos.py: each algorithm's update timed alone and its loop run, one table row
-each with the settings its task's YAML file gives (a short CPU run; speed means nothing
+"""benchmarks/algos.py: each arm's update timed alone and its loop run, one table row each
+with the settings its algorithm's YAML file for the task gives (a short CPU run; speed means nothing
 here)."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import algos  # noqa: E402
 
 def test_each_algorithm_gets_a_row_with_its_shipped_settings(
         capsys: pytest.CaptureFixture[str]) -> None:
-    code = algos.main(["--env", "Pendulum-v1", "--algos", "sac", "crossq", "--steps", "300",
+    code = algos.main(["--env", "Pendulum-v1", "--arm", "sac=--algo sac", "--arm",
+                       "crossq=--algo crossq --tf32", "--steps", "300",
                        "--learning-starts", "280", "--updates", "3", "--device", "cpu"])
     out = capsys.readouterr().out
     assert code == 0, out
