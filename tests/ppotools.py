@@ -35,7 +35,7 @@ def make_learner(seeds: int = 1, device: str = "cpu", graphs: bool = False, *,
     torch.manual_seed(0)
     actors = [CategoricalActor(OBS, gym.spaces.Discrete(discrete), cfg.hidden_sizes)
               if discrete else GaussianActor(OBS, ACT, cfg.hidden_sizes) for _ in range(seeds)]
-    critics = [ValueNetwork(OBS, cfg.hidden_sizes) for _ in range(seeds)]
+    critics = [ValueNetwork(OBS, hidden_sizes=cfg.hidden_sizes) for _ in range(seeds)]
     actor, critic = ((actors[0], critics[0]) if seeds == 1
                      else (SeedStack(actors), SeedStack(critics)))
     target = torch.device(device)

@@ -79,7 +79,7 @@ class PPO:
     @classmethod
     def default_critic(cls, observation_space: gym.Space, action_space: gym.Space,
                        cfg: Config) -> nn.Module:
-        return ValueNetwork(observation_space, cfg.hidden_sizes)
+        return ValueNetwork(observation_space, action_space, hidden_sizes=cfg.hidden_sizes)
 
     # ------------------------------------------------------------------ the losses
 

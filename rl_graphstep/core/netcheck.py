@@ -1,5 +1,7 @@
 """Checks of a built actor or critic: one forward pass on a random batch before any capture, so
-a wrong shape, range or host sync is one line naming the class, not a failed capture."""
+a wrong shape, range or host sync is one line naming the class, not a failed capture. The
+helpers that run a method and check what it returned are public: PPO's networks are checked
+with them too (``core.ppocheck``)."""
 
 from __future__ import annotations
 
@@ -19,8 +21,12 @@ __all__ = [
     "ActorKind",
     "check_actor",
     "check_critic",
+    "check_devices",
+    "check_tensor",
     "describe_host_sync",
     "evaluation_action",
+    "forked_rng",
+    "run_checked",
 ]
 
 ActorKind = str
@@ -63,10 +69,10 @@ def check_actor(
     if kind not in ACTOR_KINDS:
         raise ValueError(f"kind must be one of {ACTOR_KINDS}, got {kind!r}")
     name = type(actor).__name__
-    _check_devices(actor, name, device)
-    with _forked_rng(device):
+    check_devices(actor, name, device)
+    with forked_rng(device):
         observations = torch.randn(batch_size, observation_size, device=device)
-        output = _run_forward(actor, (observations,), name, device)
+        output = run_checked(actor, (observations,), name, device)
 
     expected = (batch_size, action_size)
     if kind == "deterministic":
@@ -75,7 +81,7 @@ def check_actor(
                 f"{name}.forward returned a {type(output).__name__}, expected a tensor action "
                 f"{expected} (a deterministic actor returns only the action)"
             )
-        _check_tensor(name, output, "", expected, device)
+        check_tensor(name, output, "", expected, device)
         _check_action_range(name, output)
         _check_deterministic_action(actor, kind, observations, expected, device)
         return
@@ -87,8 +93,8 @@ def check_actor(
                else f"a {type(output).__name__}")
         raise ConfigError(f"{name}.forward returned {got}, expected a tuple (action, log_prob)")
     actions, log_probs = output
-    _check_tensor(name, actions, "action ", expected, device)
-    _check_tensor(name, log_probs, "log_prob ", (batch_size,), device,
+    check_tensor(name, actions, "action ", expected, device)
+    check_tensor(name, log_probs, "log_prob ", (batch_size,), device,
                   hint=" (sum the log-probabilities over the action dimension, no keepdim)")
     _check_action_range(name, actions)
     _check_deterministic_action(actor, kind, observations, expected, device)
@@ -106,11 +112,11 @@ def _check_deterministic_action(actor: nn.Module, kind: ActorKind, observations:
             warnings.warn(f"actor {name} has no deterministic_action: evaluation uses its "
                           "stochastic forward action", stacklevel=4)
         return
-    with _forked_rng(device):
+    with forked_rng(device):
         # Evaluation runs it eagerly, never in a graph: a host sync there is allowed.
-        action = _run_forward(actor, (observations,), name, device,
+        action = run_checked(actor, (observations,), name, device,
                               method="deterministic_action", in_graph=False)
-    _check_tensor(name, action, "", expected, device, method="deterministic_action")
+    check_tensor(name, action, "", expected, device, method="deterministic_action")
     _check_action_range(name, action, method="deterministic_action")
 
 
@@ -147,11 +153,11 @@ def check_critic(
         ConfigError: one line naming the class and what is wrong.
     """
     name = type(critic).__name__
-    _check_devices(critic, name, device)
-    with _forked_rng(device):
+    check_devices(critic, name, device)
+    with forked_rng(device):
         observations = torch.randn(batch_size, observation_size, device=device)
         actions = torch.rand(batch_size, action_size, device=device) * 2 - 1
-        q_values = _run_forward(critic, (observations, actions), name, device)
+        q_values = run_checked(critic, (observations, actions), name, device)
 
     expected = (f"({batch_size}, E) with E >= {min_members} Q values per row" if not atoms else
                 f"({batch_size}, E, {atoms}) with E >= {min_members} members of {atoms} logits "
@@ -165,7 +171,7 @@ def check_critic(
             and shape[1] >= min_members and (not atoms or shape[2] == atoms))
     if not fits:
         raise ConfigError(f"{name}.forward returned shape {shape}, expected {expected}")
-    _check_tensor(name, q_values, "", shape, device, label="logit" if atoms else "Q")
+    check_tensor(name, q_values, "", shape, device, label="logit" if atoms else "Q")
     members = getattr(critic, "num_critics", None)
     if isinstance(members, int) and members != shape[1]:
         raise ConfigError(
@@ -181,7 +187,8 @@ def _same_device(actual: torch.device, expected: torch.device) -> bool:
     return actual == expected
 
 
-def _check_devices(module: nn.Module, name: str, device: torch.device) -> None:
+def check_devices(module: nn.Module, name: str, device: torch.device) -> None:
+    """Every parameter and buffer of ``module`` (class ``name``) on ``device``."""
     for tensor_name, tensor in itertools.chain(module.named_parameters(),
                                                module.named_buffers()):
         if not _same_device(tensor.device, device):
@@ -192,7 +199,8 @@ def _check_devices(module: nn.Module, name: str, device: torch.device) -> None:
 
 
 @contextmanager
-def _forked_rng(device: torch.device) -> Iterator[None]:
+def forked_rng(device: torch.device) -> Iterator[None]:
+    """No gradients, and the random state of the CPU (and ``device``) put back on exit."""
     # The example batch and any noise the network draws must not shift the run's random
     # stream: a check that consumed numbers would make seeded runs differ from unchecked ones.
     devices = [device] if device.type == "cuda" else []
@@ -200,8 +208,8 @@ def _forked_rng(device: torch.device) -> Iterator[None]:
         yield
 
 
-def _run_forward(module: nn.Module, inputs: tuple[Tensor, ...], name: str,
-                 device: torch.device, method: str = "forward", in_graph: bool = True) -> Any:
+def run_checked(module: nn.Module, inputs: tuple[Tensor, ...], name: str,
+                device: torch.device, method: str = "forward", in_graph: bool = True) -> Any:
     """`module(*inputs)` (or `module.<method>(*inputs)`), on CUDA with host syncs turned into
     errors where it will run inside a graph (`in_graph`); any error becomes one ConfigError
     line naming the class and the user's line."""
@@ -231,9 +239,9 @@ def _run_forward(module: nn.Module, inputs: tuple[Tensor, ...], name: str,
             torch.cuda.set_sync_debug_mode(previous)
 
 
-def _check_tensor(name: str, value: Any, what: str, shape: tuple[int, ...],
-                  device: torch.device, hint: str = "", label: str = "",
-                  method: str = "forward") -> None:
+def check_tensor(name: str, value: Any, what: str, shape: tuple[int, ...],
+                 device: torch.device, hint: str = "", label: str = "",
+                 method: str = "forward") -> None:
     """`value` is a finite float32 tensor of `shape` on `device`; `what` names it ("action ")
     in messages, `label` in the non-finite one (default: `what`); `method` returned it."""
     named = f"{name}.{method}"

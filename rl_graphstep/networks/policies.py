@@ -14,6 +14,13 @@ the input's device):
 
 A value network maps observations (B, O) to values (B, 1). All of them work stacked over K
 seeds (``networks.seeds.SeedStack``): the methods above are public, so a stack batches them.
+
+A custom actor or critic (``--actor`` / ``--critic`` with ``--algo ppo``) is built as
+``Class(observation_space, action_space, **kwargs)`` and meets the same protocol, checked at
+start-up by ``core.ppocheck``. The simplest keeps the distribution of a built-in one: a
+subclass of :class:`GaussianActor` whose ``mean`` (or of :class:`CategoricalActor` whose
+``logits``) is a torso of its own, observations (B, O) to (B, A) (or (B, n)); see
+``examples/ppo_actor.py``.
 """
 
 from __future__ import annotations
@@ -135,11 +142,18 @@ class CategoricalActor(nn.Module):
 
 
 class ValueNetwork(nn.Module):
-    """The state-value critic: an MLP to one value (head std 1.0), (B, O) -> (B, 1)."""
+    """The state-value critic: an MLP to one value (head std 1.0), (B, O) -> (B, 1).
 
-    def __init__(self, observation_space: gym.Space, hidden_sizes: Sequence[int] = (64, 64)
-                 ) -> None:
+    Built as every network is, ``ValueNetwork(observation_space, action_space, **kwargs)``
+    (so ``--critic rl_graphstep.networks.policies:ValueNetwork --critic-kwargs
+    '{hidden_sizes: [128, 128]}'`` works); a value takes no action, so ``action_space`` is
+    unused. ``hidden_sizes`` is keyword-only: given in place of the action space it would be
+    taken for one."""
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space | None = None,
+                 *, hidden_sizes: Sequence[int] = (64, 64)) -> None:
         super().__init__()
+        del action_space
         self.observation_size = _observation_size(observation_space)
         self.net = ppo_mlp([self.observation_size, *hidden_sizes, 1], 1.0)
 

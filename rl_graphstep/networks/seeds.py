@@ -224,12 +224,14 @@ _CHECKED_METHODS = ("sample", "deterministic_action")
 """The methods, besides forward, that run batched on an actor where it has them."""
 
 
-def check_batchable(stack: SeedStack, role: str, example: tuple[Tensor, ...]) -> None:
+def check_batchable(stack: SeedStack, role: str, example: tuple[Tensor, ...],
+                    calls: Mapping[str, tuple[Tensor, ...]] | None = None) -> None:
     """Run ``stack``'s forward once on ``example`` (inputs with a leading K dimension), and
     its ``sample`` (with and, where it takes one, without ``noise``) and
-    ``deterministic_action`` where the member has them, as a build-time check that vmap can
-    batch the member. Its buffers (BatchNorm's running statistics, say) and the random
-    streams are left as they were.
+    ``deterministic_action`` where the member has them, then each method of ``calls`` on its
+    own example inputs (PPO's ``log_prob_and_entropy(observations, actions)``), as a
+    build-time check that vmap can batch the member. Its buffers (BatchNorm's running
+    statistics, say) and the random streams are left as they were.
 
     Raises:
         ConfigError: ``actor MyNet cannot be batched over seeds (<the cause's first line>);
@@ -247,6 +249,8 @@ def check_batchable(stack: SeedStack, role: str, example: tuple[Tensor, ...]) ->
                 action = stack.call(method, *example)
                 if method == "sample" and "noise" in inspect.signature(stack.sample).parameters:
                     stack.sample(*example, noise=torch.randn_like(action))
+            for method, inputs in (calls or {}).items():
+                stack.call(method, *inputs)
     except Exception as error:  # any failure to batch: the line names its cause
         where = "" if method == "forward" else f"in {method}: "
         raise ConfigError(f"{role} {name} cannot be batched over seeds ({where}"

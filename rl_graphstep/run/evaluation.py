@@ -29,6 +29,7 @@ from rl_graphstep.envs.vector import (
 from rl_graphstep.networks.custom import NetworkSpec, load_network_classes
 from rl_graphstep.networks.seeds import SeedStack
 from rl_graphstep.run.netspec import make_networks
+from rl_graphstep.run.pponets import make_ppo_networks
 from rl_graphstep.settings.config import Config
 
 __all__ = ["VIDEO_DIR", "VIDEO_INSTALL_HINT", "EvaluationResult", "RunPolicies",
@@ -150,8 +151,10 @@ def _load_actor(algorithm: type[OffPolicyAlgorithm], cfg: Config, state: dict, e
     weights = state["agent"].get("actor")
     if weights is None:
         raise CheckpointError(f"checkpoint {shown} has no actor weights (agent['actor'])")
-    if is_on_policy(cfg.algo):  # PPO's built-in actor (custom ones are refused at training)
-        actor = algorithm.default_actor(env.observation_space, env.action_space, cfg).to(device)
+    if is_on_policy(cfg.algo):  # built and checked as a single run builds it
+        actor, _ = make_ppo_networks(algorithm, cfg, [cfg.seed_list[member]],
+                                     env.observation_space, env.action_space, device, actor,
+                                     critic)
     else:
         actor, _ = make_networks(algorithm, cfg, env.observation_space, env.action_space,
                                  device, actor, critic)

@@ -52,6 +52,7 @@ __all__ = [
     "describe_networks",
     "networks_of_run",
     "record_networks",
+    "refuse_built_for_group",
     "run_relative",
 ]
 
@@ -311,6 +312,16 @@ def _build_networks(algorithm: type[OffPolicyAlgorithm], cfg: Config, observatio
     return actor_net.to(device), critic_net.to(device)
 
 
+def refuse_built_for_group(actor: NetworkSpec | None, critic: NetworkSpec | None) -> None:
+    """A built module cannot be a group's: it has one initialisation, where each seed needs
+    its own."""
+    for role, given in (("actor", actor), ("critic", critic)):
+        if isinstance(given, nn.Module):
+            raise ConfigError(f"a built {role} module has one initialisation and a group of "
+                              f"seeds needs one per seed: pass its class, or train with "
+                              f"--num-seeds 1")
+
+
 def make_seed_networks(algorithm: type[OffPolicyAlgorithm], cfg: Config, seeds: Sequence[int],
                        observation_space: gym.Space, action_space: gym.Space,
                        device: torch.device, actor: NetworkSpec | None = None,
@@ -322,11 +333,7 @@ def make_seed_networks(algorithm: type[OffPolicyAlgorithm], cfg: Config, seeds: 
     if len(seeds) == 1:
         return make_networks(algorithm, cfg, observation_space, action_space, device, actor,
                              critic)
-    for role, given in (("actor", actor), ("critic", critic)):
-        if isinstance(given, nn.Module):
-            raise ConfigError(f"a built {role} module has one initialisation and a group of "
-                              f"seeds needs one per seed: pass its class, or train with "
-                              f"--num-seeds 1")
+    refuse_built_for_group(actor, critic)
     # Each seed builds from one class: a file spec loaded per seed would give each its own.
     actor, critic = load_network_classes((actor or cfg.actor, "actor"),
                                          (critic or cfg.critic, "critic"))
@@ -334,19 +341,3 @@ def make_seed_networks(algorithm: type[OffPolicyAlgorithm], cfg: Config, seeds: 
                                                    action_space, device, actor, critic),
                        seeds, observation_size=observation_space.shape[0],
                        action_size=action_space.shape[0])
-
-
-def make_ppo_networks(algorithm: Any, cfg: Config, seeds: Sequence[int],
-                      observation_space: gym.Space, action_space: gym.Space,
-                      device: torch.device) -> tuple[nn.Module, nn.Module]:
-    """PPO's built-in actor (Gaussian for a Box action space, categorical for a Discrete
-    one) and value network on ``device``; for K seeds each seed's pair built as that seed
-    alone builds it, stacked on a leading seed dimension (as :func:`make_seed_networks`)."""
-    def pair(_seed: int | None = None) -> tuple[nn.Module, nn.Module]:
-        with allocation_errors(device):
-            return (algorithm.default_actor(observation_space, action_space, cfg).to(device),
-                    algorithm.default_critic(observation_space, action_space, cfg).to(device))
-
-    if len(seeds) == 1:
-        return pair()
-    return stack_pairs(pair, seeds)

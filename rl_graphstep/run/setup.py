@@ -42,11 +42,11 @@ from rl_graphstep.run.collector import Collector
 from rl_graphstep.run.console import LoopClock
 from rl_graphstep.run.netspec import (
     describe_networks,
-    make_ppo_networks,
     make_seed_networks,
     networks_of_run,
     record_networks,
 )
+from rl_graphstep.run.pponets import make_ppo_networks
 from rl_graphstep.run.rollouts import RolloutCollector
 from rl_graphstep.run.rundir import (
     PartialSaves,
@@ -233,13 +233,6 @@ def _check_networks_asked(cfg: Config, actor: NetworkSpec, critic: NetworkSpec) 
     algorithm, and network settings the networks would ignore (a run trained before that
     check resumes as it trained)."""
     check_settings(cfg)
-    if is_on_policy(cfg.algo):
-        given = [flag for flag, net in (("--actor", actor or cfg.actor),
-                                        ("--critic", critic or cfg.critic)) if net is not None]
-        if given:
-            raise ConfigError(f"{' and '.join(given)}: custom networks for --algo "
-                              f"{cfg.algo} are not supported yet; drop {' and '.join(given)} "
-                              "(PPO trains its built-in networks, sized by --hidden-sizes)")
     if not cfg.resume:
         problem = network_problem(cfg, actor=(actor or cfg.actor) is not None,
                                   critic=(critic or cfg.critic) is not None)
@@ -284,7 +277,7 @@ def _learner(cfg: Config, plan: RunPlan, observation_space: gym.spaces.Box,
     kind = algorithm_class(cfg.algo)
     if is_on_policy(cfg.algo):
         actor_net, critic_net = make_ppo_networks(kind, cfg, cfg.seed_list, observation_space,
-                                                  action_space, device)
+                                                  action_space, device, actor, critic)
         rollout = Rollout(cfg.num_steps, cfg.num_envs, observation_size, action_size, device,
                           seeds=seeds)
         return OnPolicyLearner(kind(actor_net, critic_net, cfg, device=device, seeds=seeds),
