@@ -48,7 +48,8 @@ def check_ppo_actor(actor: nn.Module, *, observation_size: int, action_size: int
         device: where every parameter, buffer and output must be.
 
     Checked: each method exists; the shapes, dtype (float32) and finite values of what each
-    returns; that the actions fit the space's kind (indices for a Discrete one, samples that
+    returns; that ``log_prob_and_entropy``'s log-probabilities carry a gradient; that the
+    actions fit the space's kind (indices for a Discrete one, samples that
     are not all whole numbers for a Box one); and that ``log_prob_and_entropy`` gives the
     sampled actions the log-probabilities ``forward`` returned with them, since PPO's ratio
     pi / pi_old starts at 1. No random numbers of the run are consumed.
@@ -77,12 +78,14 @@ def check_ppo_actor(actor: nn.Module, *, observation_size: int, action_size: int
                      hint=" (sum the log-probabilities over the action dimension)")
         _check_action_kind(name, "forward", actions, num_actions, action_size)
         method = "log_prob_and_entropy"
-        new_log_probs, entropy = _pair(run_checked(actor, (observations, actions), name,
-                                                   device, method=method),
-                                       name, method, "(log_probs, entropy)")
+        with torch.enable_grad():  # the policy loss differentiates what it returns
+            new_log_probs, entropy = _pair(run_checked(actor, (observations, actions), name,
+                                                       device, method=method),
+                                           name, method, "(log_probs, entropy)")
         for what, value in (("log_prob ", new_log_probs), ("entropy ", entropy)):
             check_tensor(name, value, what, (batch_size,), device, method=method,
                          hint=" (one value per row, summed over the action dimension)")
+        _check_differentiable(name, method, new_log_probs, "log_probs", "the policy loss")
         _check_same_log_probs(name, log_probs, new_log_probs)
         method = "deterministic_action"
         action = run_checked(actor, (observations,), name, device, method=method,
@@ -95,8 +98,8 @@ def check_ppo_actor(actor: nn.Module, *, observation_size: int, action_size: int
 def check_value_network(critic: nn.Module, *, observation_size: int, device: torch.device,
                         batch_size: int = 256) -> None:
     """Run ``critic(observations)`` once on a random batch: its values must be (B, 1),
-    float32, finite and on ``device``. An off-policy Q critic (``forward(obs, actions)``) is
-    named as such.
+    float32, finite, on ``device`` and carry a gradient. An off-policy Q critic
+    (``forward(obs, actions)``) is named as such.
 
     Raises:
         ConfigError: one line naming the class and what is wrong.
@@ -109,9 +112,11 @@ def check_value_network(critic: nn.Module, *, observation_size: int, device: tor
     check_devices(critic, name, device)
     with forked_rng(device):
         observations = torch.randn(batch_size, observation_size, device=device)
-        values = run_checked(critic, (observations,), name, device)
+        with torch.enable_grad():  # the value loss differentiates them
+            values = run_checked(critic, (observations,), name, device)
     check_tensor(name, values, "", (batch_size, 1), device, label="value",
                  hint=f" ({_VALUE_PROTOCOL})")
+    _check_differentiable(name, "forward", values, "values", "the value loss")
 
 
 def _pair(output: object, name: str, method: str, what: str) -> tuple[Tensor, Tensor]:
@@ -149,6 +154,17 @@ def _check_action_kind(name: str, method: str, actions: Tensor, num_actions: int
             f"indices, but the action space is a Box of {action_size}, whose actions are "
             "continuous: give a Gaussian actor (as rl_graphstep.networks.policies:"
             "GaussianActor); a categorical one is for a Discrete action space")
+
+
+def _check_differentiable(name: str, method: str, value: Tensor, what: str, loss: str
+                          ) -> None:
+    """``value`` carries a gradient back to the network's parameters (the update's
+    backward would fail inside the step otherwise)."""
+    if not value.requires_grad:
+        raise ConfigError(
+            f"{name}.{method} returned {what} without a gradient: {loss} differentiates them "
+            "with respect to the network's parameters; compute them outside torch.no_grad() "
+            "and without .detach()")
 
 
 def _check_same_log_probs(name: str, sampled: Tensor, recomputed: Tensor) -> None:

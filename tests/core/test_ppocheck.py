@@ -233,3 +233,35 @@ def test_the_value_network_is_built_as_every_network_is() -> None:
     assert [tuple(p.shape) for p in critic.parameters()] == [(3, 5), (3,), (1, 3), (1,)]
     with pytest.raises(TypeError):
         ValueNetwork(OBS, BOX, (3,))  # type: ignore[misc]  # widths are keyword-only
+
+
+class DetachedLogProbs(GaussianActor):
+    def __init__(self) -> None:
+        super().__init__(OBS, BOX, (8,))
+
+    def log_prob_and_entropy(self, observations: Tensor, actions: Tensor
+                             ) -> tuple[Tensor, Tensor]:
+        with torch.no_grad():
+            return super().log_prob_and_entropy(observations, actions)
+
+
+class DetachedValues(ValueNetwork):
+    def __init__(self) -> None:
+        super().__init__(OBS, hidden_sizes=(8,))
+
+    def forward(self, observations: Tensor) -> Tensor:
+        return super().forward(observations).detach()
+
+
+def test_outputs_the_losses_cannot_differentiate_are_one_line() -> None:
+    """The step's backward would fail inside the update, with a traceback, where the check
+    names them at start-up."""
+    with refused("DetachedLogProbs.log_prob_and_entropy returned log_probs without a "
+                 "gradient: the policy loss differentiates them with respect to the "
+                 "network's parameters; compute them outside torch.no_grad() and without "
+                 ".detach()"):
+        check_ppo_actor(DetachedLogProbs(), **ON_BOX)
+    with refused("DetachedValues.forward returned values without a gradient: the value loss "
+                 "differentiates them with respect to the network's parameters; compute "
+                 "them outside torch.no_grad() and without .detach()"):
+        check_value_network(DetachedValues(), observation_size=5, device=CPU)
