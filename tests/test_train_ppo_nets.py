@@ -141,3 +141,22 @@ def test_a_built_module_trains_one_seed_and_its_class_rebuilds_it(tmp_path: Path
     assert torch.equal(saved["mean.0.weight"], actor.mean[0].weight)  # trained in place
     assert not torch.equal(before, actor.mean[0].weight)
     assert len(evaluate(tmp_path / "built", episodes=1, verbose=False).returns) == 1
+
+
+def test_a_yaml_config_names_ppo_networks_as_the_command_line_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # `examples.` module specs import from the current folder
+    config = tmp_path / "ppo.yaml"
+    config.write_text("env_id: CartPole-v1\nalgo: ppo\n"
+                      "actor: examples.ppo_actor:LayerNormCategoricalActor\n"
+                      "actor_kwargs: {width: 4, depth: 1}\n"
+                      "critic: rl_graphstep.networks.policies:ValueNetwork\n"
+                      "critic_kwargs: {hidden_sizes: [3]}\n")
+    assert main(["--config", str(config), "--device", "cpu", "--num-envs", "2", "--num-steps",
+                 "16", "--num-minibatches", "2", "--total-timesteps", "32", "--no-progress",
+                 "--log-dir", str(tmp_path / "runs"), "--run-name", "y"]) == 0
+    state = load_checkpoint(tmp_path / "runs" / "y")
+    # CartPole: 4 observations -> 4 (LayerNorm, SiLU) -> 2 logits; the value 4 -> 3 -> 1.
+    assert state["agent"]["actor"]["logits.3.weight"].shape == (2, 4)
+    assert state["agent"]["critic"]["net.0.weight"].shape == (3, 4)
+    assert state["agent"]["critic"]["net.2.weight"].shape == (1, 3)

@@ -49,9 +49,9 @@ def check_ppo_actor(actor: nn.Module, *, observation_size: int, action_size: int
 
     Checked: each method exists; the shapes, dtype (float32) and finite values of what each
     returns; that ``log_prob_and_entropy``'s log-probabilities carry a gradient; that the
-    actions fit the space's kind (indices for a Discrete one, samples that
-    are not all whole numbers for a Box one); and that ``log_prob_and_entropy`` gives the
-    sampled actions the log-probabilities ``forward`` returned with them, since PPO's ratio
+    actions fit the space's kind (indices for a Discrete one, samples that are not all
+    whole numbers for a Box one); and that ``log_prob_and_entropy`` gives the sampled
+    actions the log-probabilities ``forward`` returned with them, since PPO's ratio
     pi / pi_old starts at 1. No random numbers of the run are consumed.
 
     Raises:
