@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from rl_graphstep.algorithms.distributional import CategoricalSupport
 from rl_graphstep.algorithms.targets import PolyakAverage
+from rl_graphstep.data.normalizer import REFERENCE_FORM, NormalizationForm
 from rl_graphstep.data.rows import CriticTargets
 from rl_graphstep.networks.builtin import EnsembleCritic
 from rl_graphstep.settings.config import Config
@@ -61,6 +62,8 @@ class OffPolicyAlgorithm:
     # critic in one forward (concatenated along the batch, so a batch normalisation sees
     # both), its prediction a JointPrediction; its inputs are then the whole rows.
     joint_critic_forward: ClassVar[bool] = False
+    # How --obs-norm normalises: FastTD3's and FastSAC's form (see data.normalizer).
+    observation_form: ClassVar[NormalizationForm] = REFERENCE_FORM
 
     def __init__(self, actor: nn.Module, critic: nn.Module, cfg: Config, *,
                  action_size: int, device: torch.device, seeds: int = 1) -> None:

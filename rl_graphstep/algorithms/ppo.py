@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from rl_graphstep.algorithms.base import Metrics
 from rl_graphstep.core.errors import ConfigError
+from rl_graphstep.data.normalizer import CLEANRL_FORM, NormalizationForm
 from rl_graphstep.data.rollout import PolicyTargets, ValueTargets
 from rl_graphstep.networks.policies import CategoricalActor, GaussianActor, ValueNetwork
 from rl_graphstep.settings.config import Config
@@ -57,6 +58,8 @@ class PPO:
     """
 
     name: ClassVar[str] = "ppo"
+    # How --obs-norm normalises: CleanRL's form, clipped to +-10 (see data.normalizer).
+    observation_form: ClassVar[NormalizationForm] = CLEANRL_FORM
 
     def __init__(self, actor: nn.Module, critic: nn.Module, cfg: Config, *,
                  device: torch.device, seeds: int = 1) -> None:

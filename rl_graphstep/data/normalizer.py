@@ -1,18 +1,34 @@
-"""Observation normalisation (``--obs-norm``): each seed's running mean and variance of the
-observations it has collected, kept on the host in float64, and the one fixed device tensor
-that the captured update and the acting policy read them from.
+"""Observation and reward normalisation (``--obs-norm``, ``--reward-norm``): each seed's
+running statistics, kept on the host in float64 (Chan's parallel rule), and for observations
+the one fixed device tensor that the captured update and the acting policy read them from.
 
-The ring keeps raw observations; a sampled batch's observations and next observations, and
-the observations the policy acts on, are normalised as ``(x - mean) / (std + 0.01)``: the
-references' form (FastTD3's and FastSAC's ``EmpiricalNormalization``). The 0.01 is added to
-the standard deviation, not under the square root, so a constant dimension gives 0 and a
-dimension that barely varies is scaled by at most 100, not by 1e4. There is no clipping, as
-in the references: with the 0.01 floor an outlier is at most 100 times its distance to the
-mean, and clipping (SB3's +-10) would hide the scale the references were tuned with.
+Observations are normalised in one of two forms (:class:`NormalizationForm`), the one of the
+reference each algorithm follows (its ``observation_form``):
+
+- off-policy (:data:`REFERENCE_FORM`): ``(x - mean) / (std + 0.01)``, FastTD3's and FastSAC's
+  ``EmpiricalNormalization``. The ring keeps raw observations; a sampled batch's observations
+  and next observations, and the observations the policy acts on, are normalised. The 0.01
+  is added to the standard deviation, not under the square root, so a constant dimension
+  gives 0 and a dimension that barely varies is scaled by at most 100, not by 1e4. There is
+  no clipping, as in the references: with the 0.01 floor an outlier is at most 100 times its
+  distance to the mean, and clipping would hide the scale the references were tuned with.
+- PPO (:data:`CLEANRL_FORM`): ``clip((x - mean) / sqrt(var + 1e-8), -10, 10)``, CleanRL's
+  ``ppo_continuous_action.py`` (gymnasium's ``NormalizeObservation`` then a clip). The
+  rollout stores the normalised observations, as CleanRL's buffer does.
+
+Rewards (PPO, :class:`RewardNormalizer`): CleanRL's ``NormalizeReward`` then a clip. Each
+env's discounted return ``ret = gamma * ret + r`` (0 again after an episode's end) feeds a
+running variance, and the reward is ``clip(r / sqrt(var + 1e-8), -10, 10)``.
+
+CleanRL keeps statistics per env (each env its own wrapper); here the N envs of a seed pool
+theirs, one set per seed, as the stacked form of a seed's envs (K seeds keep K sets). Chan's
+rule starts from no rows, where gymnasium's ``RunningMeanStd`` starts from a count of 1e-4 with
+mean 0 and variance 1 (a difference of that weight in the first steps only).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -22,10 +38,38 @@ from torch import Tensor
 from rl_graphstep.data.ringwrite import InTurns
 from rl_graphstep.data.rows import ArrayLike, as_columns
 
-__all__ = ["STD_EPS", "ObservationNormalizer", "chan_update"]
+__all__ = ["CLEANRL_FORM", "REFERENCE_FORM", "STD_EPS", "NormalizationForm",
+           "ObservationNormalizer", "RewardNormalizer", "chan_update"]
 
 STD_EPS = 1e-2
 """Added to the standard deviation (as FastTD3 and FastSAC do)."""
+
+VAR_EPS = 1e-8
+"""Added to the variance under the square root (gymnasium's wrappers, as CleanRL uses them)."""
+
+CLIP = 10.0
+"""CleanRL's clip of normalised observations and rewards."""
+
+
+@dataclass(frozen=True)
+class NormalizationForm:
+    """``clip((x - mean) / (sqrt(var + var_eps) + std_eps), -clip, clip)``; no clip where
+    ``clip`` is None."""
+
+    std_eps: float
+    var_eps: float
+    clip: float | None
+
+    def divisor(self, var: np.ndarray) -> np.ndarray:
+        return np.sqrt(var + self.var_eps) + self.std_eps
+
+
+REFERENCE_FORM = NormalizationForm(std_eps=STD_EPS, var_eps=0.0, clip=None)
+"""The off-policy recipe's form, FastTD3's and FastSAC's: ``(x - mean) / (std + 0.01)``
+(``var + 0.0`` and ``+ 0.01`` as before: the same values to the bit)."""
+
+CLEANRL_FORM = NormalizationForm(std_eps=0.0, var_eps=VAR_EPS, clip=CLIP)
+"""PPO's form, CleanRL's: ``clip((x - mean) / sqrt(var + 1e-8), -10, 10)``."""
 
 
 def chan_update(count: int, mean: np.ndarray, var: np.ndarray, batch: np.ndarray
@@ -48,9 +92,11 @@ def chan_update(count: int, mean: np.ndarray, var: np.ndarray, batch: np.ndarray
 
 class ObservationNormalizer:
     """K seeds' observation statistics: host float64 ``count`` (K,), ``mean`` and ``var``
-    (K, O), and ``stats``, a fixed device tensor (2, K, 1, O) float32 of [mean | std + 0.01]
-    that every normalisation reads. ``stats`` is made once and only ever written in place,
-    so captured graphs that read it read the values of the last :meth:`update`.
+    (K, O), and ``stats``, a fixed device tensor (2, K, 1, O) float32 of [mean | divisor]
+    that every normalisation reads (the divisor ``std + 0.01`` in the off-policy ``form``,
+    ``sqrt(var + 1e-8)`` in PPO's, which also clips to +-10). ``stats`` is made once and
+    only ever written in place, so captured graphs that read it read the values of the last
+    :meth:`update`.
 
     Before any observation (count 0) a seed's normalisation is the identity (mean 0,
     divisor 1).
@@ -64,8 +110,10 @@ class ObservationNormalizer:
     ``run.collector``.
     """
 
-    def __init__(self, seeds: int, observation_size: int, device: torch.device | str) -> None:
+    def __init__(self, seeds: int, observation_size: int, device: torch.device | str, *,
+                 form: NormalizationForm = REFERENCE_FORM) -> None:
         self.seeds, self.observation_size = int(seeds), int(observation_size)
+        self.form = form
         self.device = torch.device(device)
         self.count = np.zeros(self.seeds, dtype=np.int64)
         self.mean = np.zeros((self.seeds, self.observation_size))
@@ -97,7 +145,7 @@ class ObservationNormalizer:
         host = self._host[self._turns.take()]
         seen = (self.count > 0)[:, None]
         host[0, :, 0] = torch.from_numpy(np.where(seen, self.mean, 0.0))
-        host[1, :, 0] = torch.from_numpy(np.where(seen, np.sqrt(self.var) + STD_EPS, 1.0))
+        host[1, :, 0] = torch.from_numpy(np.where(seen, self.form.divisor(self.var), 1.0))
         if self.device.type != "cuda":
             self.stats.copy_(host)
             return
@@ -105,15 +153,20 @@ class ObservationNormalizer:
         self._turns.queued(torch.cuda.current_stream(self.device))
 
     def normalize(self, observations: Tensor, stats: Tensor | None = None) -> Tensor:
-        """``(x - mean) / (std + 0.01)`` of ``observations``: (K, B, O) with K > 1 seeds,
-        (B, O) with one. ``stats``: a copy of :attr:`stats` to read instead (the acting one)."""
+        """``(x - mean) / divisor`` of ``observations``, clipped where the form clips: (K, B, O)
+        with K > 1 seeds, (B, O) with one. ``stats``: a copy of :attr:`stats` to read instead
+        (the acting one)."""
         mean, divisor = self._parts(self.stats if stats is None else stats)
-        return (observations - mean) / divisor
+        normalized = (observations - mean) / divisor
+        clip = self.form.clip
+        return normalized if clip is None else normalized.clamp_(-clip, clip)
 
     def normalize_(self, observations: Tensor) -> Tensor:
         """:meth:`normalize` in place (a sample's columns); the same values to the bit."""
         mean, divisor = self._parts(self.stats)
-        return observations.sub_(mean).div_(divisor)
+        normalized = observations.sub_(mean).div_(divisor)
+        clip = self.form.clip
+        return normalized if clip is None else normalized.clamp_(-clip, clip)
 
     def _parts(self, stats: Tensor) -> tuple[Tensor, Tensor]:
         # (K, 1, O) views broadcast over (K, B, O); one seed's (1, O) over (B, O).
@@ -121,7 +174,7 @@ class ObservationNormalizer:
 
     def member(self, k: int) -> ObservationNormalizer:
         """Seed ``k``'s statistics alone, as a one-seed normaliser (for evaluation)."""
-        one = ObservationNormalizer(1, self.observation_size, self.device)
+        one = ObservationNormalizer(1, self.observation_size, self.device, form=self.form)
         one.load_state_dict({name: value[k : k + 1] for name, value in self.state_dict().items()})
         return one
 
@@ -143,3 +196,73 @@ class ObservationNormalizer:
         self.mean[:] = mean
         self.var[:] = np.asarray(state["var"], dtype=np.float64)
         self._upload()
+
+
+class RewardNormalizer:
+    """PPO's ``--reward-norm`` for K seeds of N envs (env rows k*N .. k*N+N-1 are seed k's),
+    on the host in float64: each env's running discounted return ``returns`` (K*N,), and each
+    seed's ``count``, ``mean`` and ``var`` (K,) of the returns of its N envs, pooled.
+
+    :meth:`scale` takes one vector step's rewards: it adds them to the returns, counts the
+    returns into their seed's statistics, and gives back ``clip(r / sqrt(var + 1e-8), -10,
+    10)`` with the variance that counts them; then an env whose episode ended (terminated or
+    truncated) starts its return again at 0. No mean is subtracted (gymnasium's wrapper
+    neither: a reward's sign stays). gymnasium's ``NormalizeReward`` instead writes ``ret =
+    gamma * ret * (1 - terminated) + r``, which keeps the carry of a truncated episode, and
+    at a termination counts the reward alone; here a return is its episode's, from its start.
+    A non-finite return is not counted (its env's return counts again from its next episode).
+    """
+
+    def __init__(self, seeds: int, num_envs: int, gamma: float, *, var_eps: float = VAR_EPS,
+                 clip: float = CLIP) -> None:
+        self.seeds, self.num_envs, self.gamma = int(seeds), int(num_envs), float(gamma)
+        self.var_eps, self.clip = var_eps, clip
+        self.count = np.zeros(self.seeds, dtype=np.int64)
+        self.mean = np.zeros(self.seeds)
+        self.var = np.ones(self.seeds)
+        self.returns = np.zeros(self.seeds * self.num_envs)
+
+    def scale(self, rewards: ArrayLike, terminations: ArrayLike, truncations: ArrayLike
+              ) -> np.ndarray:
+        """The step's rewards (K*N,) scaled and clipped, float64; the statistics and returns
+        moved on by them."""
+        rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
+        self.returns = self.returns * self.gamma + rewards
+        by_seed = self.returns.reshape(self.seeds, self.num_envs, 1)
+        finite = np.isfinite(by_seed[..., 0])
+        for k in range(self.seeds):
+            count, mean, var = chan_update(int(self.count[k]), self.mean[k : k + 1],
+                                           self.var[k : k + 1], by_seed[k][finite[k]])
+            self.count[k], self.mean[k], self.var[k] = count, mean[0], var[0]
+        divisor = np.repeat(np.sqrt(self.var + self.var_eps), self.num_envs)
+        scaled = np.clip(rewards / divisor, -self.clip, self.clip)
+        ended = np.logical_or(np.asarray(terminations, dtype=bool).reshape(-1),
+                              np.asarray(truncations, dtype=bool).reshape(-1))
+        self.returns[ended] = 0.0
+        return scaled
+
+    def state_dict(self) -> dict[str, Any]:
+        """The statistics and the envs' running returns as CPU tensors (float64: a resume
+        continues bit for bit)."""
+        return {"count": torch.from_numpy(self.count.copy()),
+                "mean": torch.from_numpy(self.mean.copy()),
+                "var": torch.from_numpy(self.var.copy()),
+                "returns": torch.from_numpy(self.returns.copy())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put :meth:`state_dict` back; a ValueError names statistics of another number of
+        seeds. Saved returns of another number of envs (a resume with another --num-envs,
+        whose episodes restart) are not taken: every env's return starts at 0."""
+        var = np.asarray(state["var"], dtype=np.float64)
+        if var.shape != self.var.shape:
+            raise ValueError(f"the saved reward statistics are for {var.size} seeds, this run "
+                             f"has {self.seeds}")
+        self.count[:] = np.asarray(state["count"], dtype=np.int64)
+        self.mean[:] = np.asarray(state["mean"], dtype=np.float64)
+        self.var[:] = var
+        returns = np.asarray(state["returns"], dtype=np.float64)
+        self.returns[:] = returns if returns.shape == self.returns.shape else 0.0
+
+    def restart_episodes(self) -> None:
+        """Every env's return from 0: their episodes restart (a resume without the envs)."""
+        self.returns[:] = 0.0

@@ -5,6 +5,10 @@ Every step is one row: ``[observation | action | log-prob | advantage | value | 
 The actor step reads the first two blocks as its inputs and log-prob and advantage as its
 targets; the critic step reads the observation and (value, return). Rewards, terminations,
 truncations and the final observations' values only feed GAE, so they live beside the rows.
+
+With ``--obs-norm`` and ``--reward-norm`` the rollout carries the statistics its observations
+and rewards were normalised with (``normalizer``, ``reward_normalizer``): the collector
+normalises what it adds, the checkpoint saves them, as the replay buffer carries its own.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
+
+from rl_graphstep.data.normalizer import ObservationNormalizer, RewardNormalizer
 
 
 class PolicyTargets(NamedTuple):
@@ -73,11 +79,16 @@ class Rollout:
         observation_size, action_size: the row's observation and action widths.
         device: where everything lives.
         seeds: K.
+        normalizer, reward_normalizer: the statistics of ``--obs-norm`` and ``--reward-norm``
+            that the collector normalises what it adds with (None: raw).
     """
 
     def __init__(self, num_steps: int, num_envs: int, observation_size: int, action_size: int,
-                 device: torch.device, seeds: int = 1) -> None:
+                 device: torch.device, seeds: int = 1, *,
+                 normalizer: ObservationNormalizer | None = None,
+                 reward_normalizer: RewardNormalizer | None = None) -> None:
         self.num_steps, self.num_envs, self.seeds = num_steps, num_envs, seeds
+        self.normalizer, self.reward_normalizer = normalizer, reward_normalizer
         self.layout = RolloutLayout(observation_size, action_size)
         self.device = torch.device(device)
         shape = (seeds, num_steps, num_envs)

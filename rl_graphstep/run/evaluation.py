@@ -18,7 +18,11 @@ from torch import nn
 from rl_graphstep.algorithms import OffPolicyAlgorithm, algorithm_class, is_on_policy
 from rl_graphstep.core.errors import CheckpointError, ConfigError, EnvError, display_path
 from rl_graphstep.core.netcheck import evaluation_action
-from rl_graphstep.data.normalizer import ObservationNormalizer
+from rl_graphstep.data.normalizer import (
+    REFERENCE_FORM,
+    NormalizationForm,
+    ObservationNormalizer,
+)
 from rl_graphstep.envs.make import declared_render_modes, make_env
 from rl_graphstep.envs.vector import (
     check_continuous_spaces,
@@ -81,7 +85,8 @@ class RunPolicies:
                                        "evaluate")
             policy = _load_actor(algorithm, cfg, self.state, env, self.device, self.checkpoint,
                                  self.actor, self.critic, member=k)
-            normalize = _saved_normalization(self.state, env, self.device, member=k)
+            normalize = _saved_normalization(self.state, env, self.device, member=k,
+                                             form=algorithm.observation_form)
             if video:
                 env = _record_video(env, cfg, self.folder, int(self.state["global_step"]),
                                     None if cfg.num_seeds == 1 else cfg.seed_list[k])
@@ -170,15 +175,18 @@ def _load_actor(algorithm: type[OffPolicyAlgorithm], cfg: Config, state: dict, e
     return actor.eval()
 
 
-def _saved_normalization(state: dict, env: gym.Env, device: torch.device, *, member: int
+def _saved_normalization(state: dict, env: gym.Env, device: torch.device, *, member: int,
+                         form: NormalizationForm = REFERENCE_FORM
                          ) -> Callable[[torch.Tensor], torch.Tensor] | None:
     """The ``--obs-norm`` statistics a run's ``member``-th seed acted through, frozen as they
-    were saved (evaluating counts nothing); None for a run without them."""
+    were saved (evaluating counts nothing), in the run's algorithm's ``form`` (PPO's clips);
+    None for a run without them. (PPO's ``--reward-norm`` changes nothing the actor sees.)"""
     saved = state.get("obs_normalizer")
     if saved is None:
         return None
     seeds = int(np.asarray(saved["count"]).shape[0])
-    normalizer = ObservationNormalizer(seeds, int(np.prod(env.observation_space.shape)), device)
+    normalizer = ObservationNormalizer(seeds, int(np.prod(env.observation_space.shape)), device,
+                                       form=form)
     normalizer.load_state_dict(saved)
     return normalizer.member(member).normalize
 

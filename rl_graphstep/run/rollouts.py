@@ -9,6 +9,16 @@ the rollout. The loop calls it as it calls the off-policy collector's ``step``.
 A Gaussian actor's samples are unbounded: the envs get them clipped to the action space, as
 CleanRL's ``ClipAction`` does, and the rollout keeps the unclipped sample, whose
 log-probability the policy loss compares with. A discrete action is its index.
+
+With ``--obs-norm`` each step first counts the observations the envs returned (the first
+reset's, and after that each step's, resets included) into each seed's statistics, then acts
+on them normalised; the rollout stores them normalised, as CleanRL's buffer does behind its
+``NormalizeObservation`` wrapper. A step's final observations (truncation bootstrapping) and
+the observations after the rollout's last step are normalised with that step's statistics,
+uncounted (they are counted, as the next step's observations, when acted on). A non-finite
+observation is acted on but never counted. With ``--reward-norm`` the rewards enter the
+rollout scaled (``data.normalizer.RewardNormalizer``); :meth:`RolloutCollector.step` returns
+the env's own, which the episode returns are summed from.
 """
 
 from __future__ import annotations
@@ -58,6 +68,8 @@ class RolloutCollector:
         self._high = None if self.discrete else space.high
         self._dtype = space.dtype
         self._stepper = EnvStepper(envs)
+        self.normalizer = self.rollout.normalizer
+        self.reward_normalizer = self.rollout.reward_normalizer
         self.updated = False  # whether the last step filled the rollout (and updated)
 
     @property
@@ -76,6 +88,12 @@ class RolloutCollector:
         shape = (self.num_envs,) if self.seeds == 1 else (self.seeds, self.num_envs)
         return tensor.reshape(*shape, *tensor.shape[1:])
 
+    def _observed(self, array: np.ndarray) -> Tensor:
+        """(K*N, O) host observations as the learner sees them: normalised with the current
+        statistics under ``--obs-norm`` (counting nothing), else as they are."""
+        tensor = self._tensor(array)
+        return tensor if self.normalizer is None else self.normalizer.normalize(tensor)
+
     def _env_actions(self, actions: Tensor) -> np.ndarray:
         """The actions the envs take, one row per env: the index of a discrete action, a
         continuous one clipped to the space (the rollout keeps the unclipped sample)."""
@@ -91,19 +109,24 @@ class RolloutCollector:
         rewards, terminations and truncations. ``global_step`` and ``explore``: as the
         off-policy collector takes them (PPO always acts with its policy)."""
         del global_step, explore
-        observations = self._tensor(self.observations)
+        if self.normalizer is not None:  # counted before the policy acts on them
+            self.normalizer.update(self.observations,
+                                   np.isfinite(self.observations).all(axis=1))
+        observations = self._observed(self.observations)
         actions, log_probs, values = self.learner.act(observations)
         self._stepper.start(self._env_actions(actions))
         next_observations, rewards, terminations, truncations, infos = self._stepper.finish()
         # The final observations' values bootstrap truncated episodes (read only there).
-        final_values = (self.learner.values(self._tensor(true_next_observations(
+        final_values = (self.learner.values(self._observed(true_next_observations(
             next_observations, infos))) if np.any(truncations) else torch.zeros_like(values))
-        self.rollout.add(observations, actions, log_probs, values, self._tensor(rewards),
+        learned = (rewards if self.reward_normalizer is None
+                   else self.reward_normalizer.scale(rewards, terminations, truncations))
+        self.rollout.add(observations, actions, log_probs, values, self._tensor(learned),
                          self._tensor(terminations), self._tensor(truncations), final_values)
         self.observations = next_observations
         self.updated = self.rollout.full
         if self.updated and update is not None:
-            update(self.learner.values(self._tensor(next_observations)))
+            update(self.learner.values(self._observed(next_observations)))
         return rewards, terminations, truncations
 
     def flush(self, global_step: int) -> None:

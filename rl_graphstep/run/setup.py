@@ -17,7 +17,11 @@ from rl_graphstep.algorithms import algorithm_class, check_settings, is_on_polic
 from rl_graphstep.core.compiling import updates_ahead
 from rl_graphstep.core.errors import ConfigError
 from rl_graphstep.data.buffer import ReplayBuffer
-from rl_graphstep.data.normalizer import ObservationNormalizer
+from rl_graphstep.data.normalizer import (
+    NormalizationForm,
+    ObservationNormalizer,
+    RewardNormalizer,
+)
 from rl_graphstep.data.nstep import NStepRows
 from rl_graphstep.data.rollout import Rollout
 from rl_graphstep.envs.vector import (
@@ -271,26 +275,39 @@ def _learner(cfg: Config, plan: RunPlan, observation_space: gym.spaces.Box,
              ) -> OffPolicyLearner | OnPolicyLearner:
     """The run's learner: each seed's networks, the algorithm, the replay buffer (with the
     observation statistics of ``--obs-norm``) on the plan's device; for PPO, its rollout
-    storage and the on-policy learner."""
+    storage (with the statistics of ``--obs-norm`` and ``--reward-norm``) and the on-policy
+    learner."""
     seeds, device = len(cfg.seed_list), plan.device
     observation_size, action_size = observation_space.shape[0], _action_size(action_space)
     kind = algorithm_class(cfg.algo)
     if is_on_policy(cfg.algo):
         actor_net, critic_net = make_ppo_networks(kind, cfg, cfg.seed_list, observation_space,
                                                   action_space, device, actor, critic)
-        rollout = Rollout(cfg.num_steps, cfg.num_envs, observation_size, action_size, device,
-                          seeds=seeds)
+        rollout = _rollout(cfg, kind.observation_form, observation_size, action_size, device)
         return OnPolicyLearner(kind(actor_net, critic_net, cfg, device=device, seeds=seeds),
                                rollout, cfg, plan)
     actor_net, critic_net = make_seed_networks(kind, cfg, cfg.seed_list, observation_space,
                                                action_space, device, actor, critic)
-    normalizer = (ObservationNormalizer(seeds, observation_size, device)
+    normalizer = (ObservationNormalizer(seeds, observation_size, device,
+                                        form=kind.observation_form)
                   if cfg.obs_norm else None)
     buffer = ReplayBuffer(cfg.buffer_size, observation_size, action_size, device, seeds=seeds,
                           normalizer=normalizer)
     algorithm = kind(actor_net, critic_net, cfg, action_size=action_size, device=device,
                      seeds=seeds)
     return OffPolicyLearner(algorithm, buffer, cfg, plan)
+
+
+def _rollout(cfg: Config, form: NormalizationForm, observation_size: int, action_size: int,
+             device: torch.device) -> Rollout:
+    """PPO's rollout storage, with the statistics of ``--obs-norm`` (in ``form``) and
+    ``--reward-norm`` where asked for."""
+    seeds = len(cfg.seed_list)
+    normalizer = (ObservationNormalizer(seeds, observation_size, device, form=form)
+                  if cfg.obs_norm else None)
+    rewards = RewardNormalizer(seeds, cfg.num_envs, cfg.gamma) if cfg.reward_norm else None
+    return Rollout(cfg.num_steps, cfg.num_envs, observation_size, action_size, device,
+                   seeds=seeds, normalizer=normalizer, reward_normalizer=rewards)
 
 
 def _refill_note(cfg: Config, step: int, stored: int) -> str:

@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 
 from rl_graphstep.core.errors import CheckpointError, ConfigError, display_path
-from rl_graphstep.data.normalizer import ObservationNormalizer
+from rl_graphstep.data.normalizer import ObservationNormalizer, RewardNormalizer
 from rl_graphstep.data.nstep import NStepRows
 from rl_graphstep.envs.vector import EpisodeStatistics, rng_state, set_rng_state
 from rl_graphstep.learners import OffPolicyLearner
@@ -93,7 +93,8 @@ def resumed_config(cfg: Config, saved: dict[str, Any], run_dir: Path) -> tuple[C
             "run resumes with its own seeds; build the config with load_config(['--resume', "
             "RUN, ...]), which starts from the run's own")
     problem = (_temperature_problem(cfg, run) or _obs_norm_problem(cfg, run)
-               or _layer_norm_problem(cfg, run) or _critic_support_problem(cfg, run))
+               or _reward_norm_problem(cfg, run) or _layer_norm_problem(cfg, run)
+               or _critic_support_problem(cfg, run))
     if problem:
         raise ConfigError(problem)
     cfg = dataclasses.replace(cfg, log_dir=str(run_dir.parent), run_name=run_dir.name)
@@ -127,6 +128,17 @@ def _obs_norm_problem(cfg: Config, run: Config) -> str | None:
         return None
     given, own = (("--obs-norm", "trained on raw observations") if cfg.obs_norm
                   else ("--no-obs-norm", "trained on normalised observations (--obs-norm)"))
+    return f"{given} does not match: the resumed run {own}; drop {given}"
+
+
+def _reward_norm_problem(cfg: Config, run: Config) -> str | None:
+    """Why a resumed PPO run cannot take ``cfg``'s ``--reward-norm``, or None: its critic
+    learned the returns of rewards as they were (raw, or scaled by statistics it goes on
+    counting)."""
+    if cfg.reward_norm == run.reward_norm:
+        return None
+    given, own = (("--reward-norm", "learned from raw rewards") if cfg.reward_norm
+                  else ("--no-reward-norm", "learned from scaled rewards (--reward-norm)"))
     return f"{given} does not match: the resumed run {own}; drop {given}"
 
 
@@ -183,6 +195,7 @@ def save_run(cfg: Config, run_dir: Path, progress: Progress,
     policy = collector.policy
     staged = policy.staged_actor() if policy is not None else []
     buffer = collector.buffer
+    observations, rewards = _normalizers(learner)
     state = {
         "format": FORMAT,
         "config": config_to_dict(cfg),
@@ -200,8 +213,9 @@ def save_run(cfg: Config, run_dir: Path, progress: Progress,
         # The n-step windows under way and their rows not stored yet (--n-step above 1).
         "nstep": collector.nstep.state_dict() if collector.nstep is not None else None,
         # Saved whether or not the buffer is: an obs-norm policy acts through them.
-        "obs_normalizer": (None if buffer is None or buffer.normalizer is None
-                           else buffer.normalizer.state_dict()),
+        "obs_normalizer": _state_of(observations),
+        # PPO's --reward-norm: the return statistics and each env's running return.
+        "reward_normalizer": _state_of(rewards),
     }
     return save_checkpoint(run_dir, progress.global_step, state, keep=cfg.keep_checkpoints)
 
@@ -221,10 +235,11 @@ def restore_run(state: dict[str, Any], learner: OffPolicyLearner | OnPolicyLearn
         built = (f"the actor {type(algorithm.actor).__name__} and critic "
                  f"{type(algorithm.critic).__name__}")
         raise CheckpointError(networks_mismatch(state, learner.cfg, error, built)) from None
-    if isinstance(learner, OffPolicyLearner):
-        if state.get("buffer") is not None:
-            learner.buffer.load_state_dict(state["buffer"])
-        _load_normalizer(learner.buffer.normalizer, state.get("obs_normalizer"))
+    if isinstance(learner, OffPolicyLearner) and state.get("buffer") is not None:
+        learner.buffer.load_state_dict(state["buffer"])
+    observations, rewards = _normalizers(learner)
+    _load_normalizer(observations, state.get("obs_normalizer"), "observation")
+    _load_normalizer(rewards, state.get("reward_normalizer"), "reward")
     progress.global_step = int(state["global_step"])
     progress.episodes = int(state["episodes"])
     _load_progress_state(progress, state, learner.updates)
@@ -247,20 +262,37 @@ def restore_run(state: dict[str, Any], learner: OffPolicyLearner | OnPolicyLearn
         saved.close()
         why = f"the checkpoint holds {_kind(saved)}, this run steps {_kind(envs)}"
     warnings.warn(f"{why}; their episodes restart on resume", stacklevel=3)
+    if rewards is not None:  # the returns of the episodes that restart
+        rewards.restart_episodes()
     observations, _ = envs.reset()
     return envs, observations
 
 
-def _load_normalizer(normalizer: ObservationNormalizer | None,
-                     saved: dict[str, Any] | None) -> None:
-    """The observation statistics back; a run with and a checkpoint without them (or the
-    other way round) cannot meet: ``resumed_config`` refuses another ``--obs-norm``."""
+def _normalizers(learner: OffPolicyLearner | OnPolicyLearner
+                 ) -> tuple[ObservationNormalizer | None, RewardNormalizer | None]:
+    """The run's ``--obs-norm`` and ``--reward-norm`` statistics (None where off): the
+    replay buffer's, or the rollout's."""
+    if isinstance(learner, OffPolicyLearner):
+        return learner.buffer.normalizer, None
+    return learner.rollout.normalizer, learner.rollout.reward_normalizer
+
+
+def _state_of(normalizer: ObservationNormalizer | RewardNormalizer | None
+              ) -> dict[str, Any] | None:
+    return None if normalizer is None else normalizer.state_dict()
+
+
+def _load_normalizer(normalizer: ObservationNormalizer | RewardNormalizer | None,
+                     saved: dict[str, Any] | None, what: str) -> None:
+    """The ``what`` (observation, reward) statistics back; a run with and a checkpoint
+    without them (or the other way round) cannot meet: ``resumed_config`` refuses another
+    ``--obs-norm`` or ``--reward-norm``."""
     if normalizer is None or saved is None:
         return
     try:
         normalizer.load_state_dict(saved)
     except ValueError as error:
-        raise CheckpointError(f"the checkpoint's observation statistics do not fit this run: "
+        raise CheckpointError(f"the checkpoint's {what} statistics do not fit this run: "
                               f"{error}") from None
 
 

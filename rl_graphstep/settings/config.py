@@ -104,11 +104,13 @@ class Config:
     buffer_size: int = option(1_000_000, "replay buffer capacity in transitions", algos=OFF_POLICY)
     batch_size: int = option(256, "rows per gradient update", algos=OFF_POLICY)
     obs_norm: bool = option(
-        False, "normalise observations by each seed's running mean and std, (x - mean) / "
-        "(std + 0.01), updated from the observations of every stored transition: the replay "
-        "buffer keeps raw ones, the updates and the policy see normalised ones; for badly "
-        "scaled observations (Humanoid, Ant) and many envs, as FastTD3 and FastSAC do",
-        algos=OFF_POLICY)
+        False, "normalise observations by each seed's running mean and std. Off-policy: "
+        "(x - mean) / (std + 0.01), updated from the observations of every stored transition: "
+        "the replay buffer keeps raw ones, the updates and the policy see normalised ones; for "
+        "badly scaled observations (Humanoid, Ant) and many envs, as FastTD3 and FastSAC do. "
+        "PPO: CleanRL's clip((x - mean) / sqrt(var + 1e-8), -10, 10), updated from every "
+        "observation the envs return (resets included) before the policy acts on it; the "
+        "rollout keeps normalised ones")
     gamma: float = option(0.99, "discount factor")
     n_step: int = option(
         1, "n-step returns: each stored transition sums up to N discounted rewards (fewer "
@@ -223,6 +225,11 @@ class Config:
     target_kl: float | None = option(
         None, "PPO: stop a rollout's epochs once an epoch ends with approx_kl above this "
         "(per seed); None: always run every epoch", algos=PPO_ONLY)
+    reward_norm: bool = option(
+        False, "PPO: scale each reward by the running std of its env's discounted return "
+        "(CleanRL's NormalizeReward, one variance per seed pooling its envs), clipped to "
+        "+-10, before it enters the rollout; the logged episode returns stay the env's",
+        algos=PPO_ONLY)
     # CrossQ (the original implementation's names where it has them): read by CrossQ alone.
     critic_hidden_sizes: tuple[int, ...] | None = option(
         None, "CrossQ: hidden layer widths of the critic (the paper's are 2048 wide); None: "
