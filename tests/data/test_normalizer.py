@@ -1,6 +1,7 @@
 """The observation normaliser: Chan's rule against hand values, per-seed statistics, the
 device tensor every normalisation reads, its checkpoint state, and the sampler that normalises
-with it (the collector counts: tests/run/test_collector.py)."""
+with it (the collector counts: tests/run/test_collector.py); PPO's CleanRL form of it, and
+PPO's reward normaliser on a hand sequence (the rollout collector: tests/test_train_ppo_norm.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,14 @@ import pytest
 import torch
 
 from rl_graphstep.data.buffer import ReplayBuffer
-from rl_graphstep.data.normalizer import STD_EPS, ObservationNormalizer, chan_update
+from rl_graphstep.data.normalizer import (
+    CLEANRL_FORM,
+    REFERENCE_FORM,
+    STD_EPS,
+    ObservationNormalizer,
+    RewardNormalizer,
+    chan_update,
+)
 from rl_graphstep.data.sampler import BatchSampler
 
 
@@ -147,3 +155,113 @@ def test_the_sampler_normalises_observations_and_next_observations() -> None:
     assert torch.equal(obs[:, :2], normalizer.normalize(rows[:, layout.observations]))
     assert torch.equal(rest[:, 2:], normalizer.normalize(rows[:, layout.next_observations]))
     assert not torch.equal(obs[:, :2], rows[:, layout.observations])
+
+
+# ---------------------------------------------------------------- PPO: CleanRL's form
+
+
+def test_the_cleanrl_form_divides_by_sqrt_var_plus_1e8_and_clips_at_10() -> None:
+    """{1, 3, 5} and a constant 7: mean (3, 7), variance (8/3, 0). CleanRL's form divides by
+    sqrt(var + 1e-8) (1.6329932 and 1e-4) and clips to +-10; the off-policy form is the
+    default, unchanged."""
+    assert ObservationNormalizer(1, 2, "cpu").form == REFERENCE_FORM
+    normalizer = ObservationNormalizer(1, 2, "cpu", form=CLEANRL_FORM)
+    normalizer.update(np.array([[1.0, 7.0], [3.0, 7.0]], dtype=np.float32))
+    normalizer.update(np.array([[5.0, 7.0]], dtype=np.float32))
+    np.testing.assert_allclose(normalizer.mean, [[3.0, 7.0]], atol=1e-15)
+    np.testing.assert_allclose(normalizer.var, [[8 / 3, 0.0]], atol=1e-15)
+    divisor = np.sqrt(8 / 3 + 1e-8)  # 1.632993165...
+    torch.testing.assert_close(normalizer.stats[1, 0, 0],
+                               torch.tensor([divisor, 1e-4], dtype=torch.float32))
+    x = torch.tensor([[5.0, 7.0], [1.0, 7.00001], [100.0, 8.0], [-100.0, 6.0]])
+    out = normalizer.normalize(x)
+    expected = torch.tensor([[2 / divisor, 0.0],       # 1.2247449, 0
+                             [-2 / divisor, 0.1],      # 0.00001 / 1e-4 (float32's 7.00001)
+                             [10.0, 10.0],             # 59.4 and 1e4, clipped
+                             [-10.0, -10.0]], dtype=torch.float32)
+    torch.testing.assert_close(out, expected, rtol=1e-5, atol=2e-3)
+    assert out[0, 0].item() == pytest.approx(1.2247449, abs=1e-6)
+    assert out.abs().max().item() == 10.0
+    assert torch.equal(normalizer.normalize_(x.clone()), out)
+    # A seed's member keeps the form (evaluate's).
+    assert torch.equal(normalizer.member(0).normalize(x), out)
+
+
+def test_the_reference_form_does_not_clip() -> None:
+    normalizer = ObservationNormalizer(1, 1, "cpu")
+    normalizer.update(np.array([[0.0], [2.0]]))  # mean 1, std 1: divisor 1.01
+    out = normalizer.normalize(torch.tensor([[102.0]]))
+    assert out.item() == pytest.approx(101 / 1.01, rel=1e-6)
+
+
+# ---------------------------------------------------------------- PPO: rewards
+
+
+def test_rewards_are_scaled_by_the_discounted_returns_std_by_hand() -> None:
+    """Two envs of one seed, gamma 0.5. Each step adds the rewards to the returns, counts the
+    returns (both envs pooled), divides the rewards by sqrt(var + 1e-8); an ended env's
+    return starts again at 0 (env 0 terminates at step 2, env 1 is truncated at step 3)."""
+    rewards = RewardNormalizer(1, 2, 0.5)
+    no = np.array([False, False])
+    # Step 1: returns (1, 2); var of {1, 2} = 0.25.
+    out = rewards.scale(np.array([1.0, 2.0]), no, no)
+    np.testing.assert_allclose(rewards.returns, [1.0, 2.0])
+    np.testing.assert_allclose(out, np.array([1.0, 2.0]) / np.sqrt(0.25 + 1e-8), rtol=1e-14)
+    assert out[0] == pytest.approx(2.0, abs=1e-7)
+    # Step 2: returns (0.5 + 2, 1 + 4) = (2.5, 5); {1, 2, 2.5, 5}: mean 2.625, var 2.171875.
+    out = rewards.scale(np.array([2.0, 4.0]), np.array([True, False]), no)
+    assert (rewards.count[0], rewards.mean[0]) == (4, pytest.approx(2.625, abs=1e-15))
+    assert rewards.var[0] == pytest.approx(2.171875, abs=1e-14)
+    np.testing.assert_allclose(out, np.array([2.0, 4.0]) / np.sqrt(2.171875 + 1e-8),
+                               rtol=1e-14)
+    np.testing.assert_allclose(rewards.returns, [0.0, 5.0])  # env 0's episode ended
+    # Step 3: returns (0 + 3, 2.5 - 1) = (3, 1.5); {1, 2, 2.5, 5, 3, 1.5}: mean 2.5, var 5/3.
+    out = rewards.scale(np.array([3.0, -1.0]), no, np.array([False, True]))
+    assert rewards.mean[0] == pytest.approx(2.5, abs=1e-15)
+    assert rewards.var[0] == pytest.approx(5 / 3, abs=1e-14)
+    np.testing.assert_allclose(out, np.array([3.0, -1.0]) / np.sqrt(5 / 3 + 1e-8), rtol=1e-14)
+    assert out[1] == pytest.approx(-0.7745967, abs=1e-7)  # the sign stays: no mean taken
+    np.testing.assert_allclose(rewards.returns, [3.0, 0.0])
+
+
+def test_each_seed_scales_by_its_own_variance_and_clips_at_10() -> None:
+    """Two seeds of two envs: seed 0's returns {1, 3} (var 1), seed 1's {10, 30} (var 100)
+    scale each seed's rewards to (1, 3); a seed whose returns are all equal has variance 0,
+    a divisor of 1e-4, and its rewards clip to +-10."""
+    rewards = RewardNormalizer(2, 2, 0.99)
+    ends = np.zeros(4, dtype=bool)
+    out = rewards.scale(np.array([1.0, 3.0, 10.0, 30.0]), ends, ends)
+    np.testing.assert_allclose(rewards.var, [1.0, 100.0])
+    np.testing.assert_allclose(out, [1.0, 3.0, 1.0, 3.0], rtol=1e-7)
+    equal = RewardNormalizer(2, 2, 0.99)
+    out = equal.scale(np.array([0.5, 0.5, -2.0, -2.0]), ends, ends)
+    assert out.tolist() == [10.0, 10.0, -10.0, -10.0]
+
+
+def test_a_non_finite_return_is_not_counted() -> None:
+    rewards = RewardNormalizer(1, 2, 0.5)
+    no = np.array([False, False])
+    rewards.scale(np.array([np.nan, 2.0]), no, no)
+    assert rewards.count.tolist() == [1] and rewards.var.tolist() == [0.0]
+    rewards.scale(np.array([1.0, 2.0]), np.array([True, False]), no)  # env 0's episode ends
+    rewards.scale(np.array([4.0, 0.0]), no, no)  # returns (4, 3): counted again
+    assert rewards.count.tolist() == [4] and np.isfinite(rewards.var).all()
+
+
+def test_the_reward_state_round_trip_continues_bit_for_bit() -> None:
+    rng = np.random.default_rng(2)
+    rewards = RewardNormalizer(2, 3, 0.9)
+    for _ in range(5):
+        rewards.scale(rng.normal(size=6), rng.random(6) < 0.2, rng.random(6) < 0.1)
+    restored = RewardNormalizer(2, 3, 0.9)
+    restored.load_state_dict(rewards.state_dict())
+    batch, ends = rng.normal(size=6), rng.random(6) < 0.3
+    assert np.array_equal(restored.scale(batch, ends, ~ends), rewards.scale(batch, ends, ~ends))
+    for name in ("count", "mean", "var", "returns"):
+        assert np.array_equal(getattr(restored, name), getattr(rewards, name)), name
+    # Another --num-envs on resume: the statistics go on, the episodes' returns restart.
+    wider = RewardNormalizer(2, 4, 0.9)
+    wider.load_state_dict(rewards.state_dict())
+    assert np.array_equal(wider.var, rewards.var) and not wider.returns.any()
+    with pytest.raises(ValueError, match=r"for 2 seeds, this run has 1$"):
+        RewardNormalizer(1, 3, 0.9).load_state_dict(rewards.state_dict())

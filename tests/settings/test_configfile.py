@@ -196,9 +196,12 @@ def test_ppo_picks_its_classic_and_mujoco_files(monkeypatch: pytest.MonkeyPatch)
     assert (cfg.num_envs, cfg.num_steps, cfg.num_minibatches, cfg.update_epochs) == (4, 128, 4, 4)
     assert (cfg.learning_rate, cfg.ent_coef, cfg.total_timesteps) == (2.5e-4, 0.01, 500_000)
     assert (cfg.max_grad_norm, cfg.hidden_sizes) == (0.5, (64, 64))
+    assert (cfg.obs_norm, cfg.reward_norm) == (False, False)  # CleanRL's ppo.py has neither
     cfg = load_config(["--env", "HalfCheetah-v5", "--algo", "ppo"])
     rollout = (cfg.num_envs, cfg.num_steps, cfg.num_minibatches, cfg.update_epochs)
     assert rollout == (1, 2048, 32, 10)
     assert (cfg.learning_rate, cfg.ent_coef, cfg.total_timesteps) == (3e-4, 0.0, 1_000_000)
     assert (cfg.gae_lambda, cfg.clip_coef, cfg.vf_coef) == (0.95, 0.2, 0.5)
     assert cfg.hidden_sizes == (64, 64)
+    # ppo_continuous_action.py's NormalizeObservation and NormalizeReward wrappers.
+    assert (cfg.obs_norm, cfg.reward_norm) == (True, True)
