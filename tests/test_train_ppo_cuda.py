@@ -61,3 +61,30 @@ def test_a_captured_run_resumes_at_a_rollout_boundary_as_it_went_on(env: str,
     straight, halves = (load_checkpoint(tmp_path / n) for n in ("straight", "halves"))
     for name, tensor in straight["agent"]["actor"].items():
         assert torch.equal(tensor, halves["agent"]["actor"][name]), name
+
+
+@pytest.mark.parametrize(("env", "seeds"), [("Pendulum-v1", 1), ("CartPole-v1", 2)])
+def test_a_captured_run_with_both_normalisers_trains_and_resumes_as_it_went_on(
+        env: str, seeds: int, tmp_path: Path) -> None:
+    """--obs-norm and --reward-norm with the minibatch graph: the statistics are uploaded
+    in stream order before each action (the rollout stores normalised observations, so the
+    graph reads none); every update is finite, and the halves end where the straight run
+    does, statistics included (--vec-env sync: the envs are saved with the checkpoint)."""
+    args = ["--env", env, *BASE, "--obs-norm", "--reward-norm", "--num-seeds", str(seeds),
+            "--no-anneal-lr", "--vec-env", "sync", "--log-dir", str(tmp_path)]
+    summary = train(load_config([*args, "--total-timesteps", "1024", "--run-name",
+                                 "straight"]))
+    steps = 8 * 2 * 4 * seeds
+    assert summary["graph"] is True
+    assert summary["updates"] == {"critic": (0, steps), "actor": (0, steps)}
+    train(load_config([*args, "--total-timesteps", "512", "--run-name", "halves"]))
+    assert main(["--resume", str(tmp_path / "halves"), "--total-timesteps", "1024"]) == 0
+    straight, halves = (load_checkpoint(tmp_path / n) for n in ("straight", "halves"))
+    assert straight["obs_normalizer"]["count"].tolist() == [1024] * seeds
+    for key in ("obs_normalizer", "reward_normalizer"):
+        for name, tensor in straight[key].items():
+            assert torch.equal(tensor, halves[key][name]), (key, name)
+    for name, tensor in straight["agent"]["actor"].items():
+        assert torch.isfinite(tensor).all(), name
+        assert torch.equal(tensor, halves["agent"]["actor"][name]), name
+    evaluate(tmp_path / "straight", episodes=1, device="cuda", verbose=False)
