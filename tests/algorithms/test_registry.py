@@ -80,7 +80,6 @@ OFF_POLICY_REFUSED = ("{flag} is a setting of SAC, TD3, DDPG and CrossQ alone, w
     (["--buffer-size", "1000"], "--buffer-size"),
     (["--policy-lr", "0.001"], "--policy-lr"),
     (["--q-lr", "0.01"], "--q-lr"),
-    (["--obs-norm"], "--obs-norm"),
     (["--save-buffer"], "--save-buffer"),
     (["--n-step", "3"], "--n-step"),
     (["--action-stream", "off"], "--action-stream"),
@@ -94,9 +93,11 @@ def test_an_off_policy_setting_is_refused_by_ppo(argv: list[str], flag: str) -> 
 
 def test_ppo_reads_gamma_and_the_shared_settings() -> None:
     cfg = load_config(["--env", "CartPole-v1", "--algo", "ppo", "--gamma", "0.9",
-                       "--hidden-sizes", "8", "8", "--num-envs", "2", "--seed", "4"])
+                       "--hidden-sizes", "8", "8", "--num-envs", "2", "--seed", "4",
+                       "--obs-norm"])
     algorithms.check_settings(cfg)
     assert (cfg.gamma, cfg.hidden_sizes, cfg.num_envs, cfg.seed) == (0.9, (8, 8), 2, 4)
+    assert cfg.obs_norm  # every algorithm reads it (PPO in CleanRL's form)
 
 
 def test_ppo_loads_custom_networks_as_the_off_policy_algorithms_do(tmp_path: Path) -> None:
