@@ -31,12 +31,13 @@ shims that change none of its computation:
 
 Its other imports (tensordict 0.12.x, tyro, tqdm) must be installed: with tensordict 0.15.3
 its eager mode fails ("Can't call numpy() on Tensor that requires grad", its policy's
-parameter copy). LeanRL's envs normalise observations and rewards (gymnasium wrappers, host
-work per step); ours do not yet. An arm that fails (a non-zero exit, no speed printed, a
-timeout) is a ``failed: <its last error line>`` row, and the job goes on; every arm's process
-group is ended in every outcome (its end, a timeout, Ctrl-C, SIGTERM, SIGHUP, an error of
-this script; on Linux a SIGKILL of this script kills the arm's process too). Ctrl-C prints
-the table of the arms that ended.
+parameter copy). Both normalise observations and rewards as CleanRL does: LeanRL with
+gymnasium's wrappers, ours as ``configs/ppo_mujoco.yaml`` sets it (on a MuJoCo task).
+
+An arm that fails (a non-zero exit, no speed printed, a timeout) is a ``failed: <its last
+error line>`` row, and the job goes on; every arm's process group is ended in every outcome
+(its end, a timeout, Ctrl-C, SIGTERM, SIGHUP, an error of this script; on Linux a SIGKILL of
+this script kills the arm's process too). Ctrl-C prints the table of the arms that ended.
 """
 
 from __future__ import annotations
