@@ -1,9 +1,15 @@
 """The MuJoCo table's runs: each group (an algorithm on a task, five seeds in one process, the
 shipped `configs/*_mujoco.yaml`) trained one after another, each to 1M env steps.
 
-    python benchmarks/groups.py                          # all nine groups, each to the end
+    python benchmarks/groups.py                          # the nine SAC/TD3/DDPG groups
     python benchmarks/groups.py --only sac:Ant-v5 --job-steps 600000   # at most 600k more
+    python benchmarks/groups.py --only crossq:Humanoid-v5   # one CrossQ group (issue 52)
+    python benchmarks/groups.py --only crossq --only ppo    # every CrossQ and PPO group
     python benchmarks/table.py collect runs/sac_ant ...  # then the table (see table.py)
+
+With no ``--only`` it runs the nine SAC, TD3 and DDPG groups it always ran; the five CrossQ
+groups (issue 52) and the five PPO groups (issue 51) run where named, one ``--only ALGO:ENV``
+at a time or ``--only ALGO`` for all of an algorithm's.
 
 Groups run one at a time: processes on one GPU take turns on it, so groups side by side make
 fewer env steps in all than one after another (benchmarks/LOG.md). A group already in
@@ -13,6 +19,15 @@ as a finished run does (its checkpoint and replay buffer saved), never by a sign
 next resumes it with the full length (``--resume RUN --total-timesteps``). A group that runs
 to its end in one job needs no saved buffer: ``--no-save-buffer`` (handed on to the training
 command) spares the disk and the time of its saves (13 GiB each for SAC on Humanoid-v5).
+
+PPO groups differ in two ways. PPO keeps no replay buffer, so a PPO group is started without
+``--save-buffer``, and the flags handed on that only other algorithms read (``check_settings``
+refuses them) are left out of its command, with a line saying so; the same holds the other
+way for PPO's own flags. And PPO anneals its learning rate over the run's
+``--total-timesteps``, which a shorter job would set for good, so ``--job-steps`` is refused for
+PPO groups (a 1M-step PPO group takes minutes). One stopped by a signal saves at the step it
+reached and goes on from there with its schedule: the steps of the rollout under way are not
+learned from, and the resumed run collects a new rollout.
 """
 
 from __future__ import annotations
@@ -26,12 +41,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from rl_graphstep.algorithms import is_on_policy  # noqa: E402
 from rl_graphstep.run.checkpoint import checkpoint_step, latest_checkpoint  # noqa: E402
+from rl_graphstep.settings.config import FIELDS  # noqa: E402
 
-# The table's nine groups (issue order: SAC on five tasks, TD3 on three, DDPG on one).
+# The table's nine groups (issue order: SAC on five tasks, TD3 on three, DDPG on one): the
+# groups run when no --only is given.
 GROUPS = [("sac", "HalfCheetah-v5"), ("sac", "Hopper-v5"), ("sac", "Walker2d-v5"),
           ("sac", "Ant-v5"), ("sac", "Humanoid-v5"), ("td3", "HalfCheetah-v5"),
           ("td3", "Hopper-v5"), ("td3", "Walker2d-v5"), ("ddpg", "HalfCheetah-v5")]
+# Issue 52's five CrossQ groups and issue 51's five PPO groups (the tasks of their references).
+CROSSQ_GROUPS = [("crossq", env_id) for env_id in (
+    "HalfCheetah-v5", "Hopper-v5", "Walker2d-v5", "Ant-v5", "Humanoid-v5")]
+PPO_GROUPS = [("ppo", env_id) for env_id in (
+    "HalfCheetah-v5", "Walker2d-v5", "Hopper-v5", "InvertedPendulum-v5", "Humanoid-v5")]
+ALL_GROUPS = [*GROUPS, *CROSSQ_GROUPS, *PPO_GROUPS]
+ALGOS = ("sac", "td3", "ddpg", "crossq", "ppo")
 
 
 def run_name(algo: str, env_id: str) -> str:
@@ -55,18 +80,40 @@ def command(algo: str, env_id: str, run_dir: Path, done: int, args: argparse.Nam
     if done:
         return [*train, "--resume", str(run_dir), "--total-timesteps", str(until),
                 "--no-progress"]
+    # A PPO run keeps no replay buffer: --save-buffer is a flag it refuses.
+    buffer = [] if is_on_policy(algo) else ["--save-buffer"]
     return [*train, "--algo", algo, "--env", env_id, "--num-seeds", str(args.seeds),
-            "--total-timesteps", str(until), "--save-buffer", "--log-dir", str(run_dir.parent),
+            "--total-timesteps", str(until), *buffer, "--log-dir", str(run_dir.parent),
             "--run-name", run_dir.name, "--checkpoint-every", "100000", "--keep-checkpoints", "1",
-            "--no-progress", *extra]
+            "--no-progress", *settings_of(algo, extra)[0]]
 
 
-def parse_group(text: str) -> tuple[str, str]:
-    algo, _, env_id = text.partition(":")
-    if algo not in ("sac", "td3", "ddpg") or not env_id:
-        raise argparse.ArgumentTypeError(f"{text!r} is not ALGO:ENV (such as sac:Ant-v5; "
-                                         "ALGO one of sac, td3, ddpg)")
-    return algo, env_id
+def settings_of(algo: str, extra: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``extra`` split into the flags ``algo`` reads (with their values) and those of settings
+    only other algorithms read (a field's ``algos``), which its run would refuse: so one
+    command can hand ``--learning-starts`` to the SAC groups and ``--num-steps`` to the PPO
+    ones. Flags that are no Config field are kept (the training command reports them)."""
+    kept: list[str] = []
+    left_out: list[str] = []
+    keep = True
+    for token in extra:
+        if token.startswith("--"):  # a flag; what follows up to the next one is its values
+            name = token[2:].partition("=")[0].replace("-", "_")
+            if name not in FIELDS and name.startswith("no_"):
+                name = name.removeprefix("no_")  # --no-save-buffer sets save_buffer
+            readers = FIELDS[name].metadata.get("algos") if name in FIELDS else None
+            keep = readers is None or algo in readers
+        (kept if keep else left_out).append(token)
+    return kept, left_out
+
+
+def parse_group(text: str) -> list[tuple[str, str]]:
+    """``ALGO:ENV`` as that one group; ``ALGO`` alone as all of the table's groups of ALGO."""
+    algo, colon, env_id = text.partition(":")
+    if algo not in ALGOS or (colon and not env_id):
+        raise argparse.ArgumentTypeError(f"{text!r} is not ALGO:ENV or ALGO (such as "
+                                         f"sac:Ant-v5 or crossq; ALGO one of {', '.join(ALGOS)})")
+    return [(algo, env_id)] if colon else [g for g in ALL_GROUPS if g[0] == algo]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -74,7 +121,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      epilog="Flags it does not know go to every new group's "
                                             "training command (such as --device cpu).")
     parser.add_argument("--only", type=parse_group, action="append", metavar="ALGO:ENV",
-                        help="run this group (repeatable; any env id); default: the table's nine")
+                        help="run this group (repeatable; any env id), or ALGO alone: all of "
+                             "its table groups (crossq, ppo: five each); default: the nine "
+                             "SAC, TD3 and DDPG groups")
     parser.add_argument("--log-dir", type=Path, default=Path("runs"))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--total-timesteps", type=int, default=1_000_000,
@@ -84,14 +133,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "held for a limited time (default: to the end)")
     args, extra = parser.parse_known_args(argv)
     args.log_dir = args.log_dir.resolve()  # the training commands run from the checkout
+    chosen = [group for named in args.only for group in named] if args.only else GROUPS
+    if args.job_steps is not None and any(is_on_policy(algo) for algo, _ in chosen):
+        parser.error("--job-steps would end a PPO group's first job at a shorter "
+                     "--total-timesteps, over which PPO anneals its learning rate for good; "
+                     "run PPO groups without --job-steps (each in one job)")
     failed = 0
-    for algo, env_id in args.only or GROUPS:
+    for algo, env_id in dict.fromkeys(chosen):  # each group once, in the order asked
         run_dir = args.log_dir / run_name(algo, env_id)
         done = steps_done(run_dir)
         if done >= args.total_timesteps:
             print(f"{run_dir}: done ({done:,} steps)", flush=True)
             continue
         cmd = command(algo, env_id, run_dir, done, args, extra)
+        left_out = [] if done else settings_of(algo, extra)[1]
+        if left_out:
+            print(f"{run_dir.name}: leaves out {' '.join(left_out)} (settings that {algo} "
+                  "does not read)", flush=True)
         print("$", " ".join(cmd[1:]), flush=True)
         code = subprocess.run(cmd, cwd=ROOT, check=False).returncode
         if code:

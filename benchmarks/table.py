@@ -2,7 +2,7 @@
 numbers, with one learning-curve figure per task and one across tasks.
 
     python benchmarks/table.py collect RUN_DIR [RUN_DIR ...] \\
-        [--results benchmarks/mujoco_results]
+        [--results benchmarks/mujoco_results] [--evaluate [--device auto]]
     python benchmarks/table.py report [--results benchmarks/mujoco_results] \\
         [--references benchmarks/references.csv]
 
@@ -12,13 +12,16 @@ alone, ``table.md`` (also printed), ``summary.md`` (the README's short form: eac
 beside the published mean), ``<task>.png`` and ``aggregate.png`` there; and the wall-clock
 axis (``wallclock.py``): ``wallclock.md`` (also printed; time from launch to the first
 reference's mean, the IQM at 15 minutes, env steps/s and gradient samples/s),
-``wallclock_summary.md`` (its short form) and ``<task>_wallclock.png``.
+``wallclock_summary.md`` (its short form) and ``<task>_wallclock.png``. ``collect --evaluate``
+also evaluates each run's latest checkpoint (10 deterministic episodes per seed) into the
+table's evaluation column (``evaluations.py``).
 
 Per group: each seed's mean return over its last 10 episodes; their mean ± std (numpy's,
 over the seeds) and interquartile mean with its 95% percentile-bootstrap interval; the wall
 time and env steps/s of all seeds together. Beside it the references of the same algorithm
 on the same task (``references.csv``); the first listed is the one the group is judged
-against: within range when the seeds' mean is at least the reference's mean minus its std.
+against: within range when the seeds' mean is at least the reference's mean minus its std
+(the mean of their evaluations, for a group collected with ``--evaluate``).
 The figure across tasks normalises each return by that reference's mean (1 = the published
 number) and shows, per algorithm, the IQM over all its runs with a 95% stratified-bootstrap
 interval, and the performance profile (the fraction of runs above each normalised score), as
@@ -36,6 +39,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from evaluations import (
+    EPISODES,
+    GroupEvaluations,
+    collect_evaluations,
+    judged_returns,
+    load_evaluations,
+    table_notes,
+)
 from results import LAST_EPISODES, GroupResult, ResultsError, collect, load_results
 from wallclock import (
     Threshold,
@@ -120,34 +131,46 @@ def _duration(seconds: float) -> str:
 
 
 def table(groups: Sequence[GroupResult],
-          references: dict[tuple[str, str], list[Reference]]) -> str:
-    """The Markdown table, one row per group, task by task."""
+          references: dict[tuple[str, str], list[Reference]],
+          evaluations: dict[tuple[str, str], GroupEvaluations] | None = None) -> str:
+    """The Markdown table, one row per group, task by task; with an Evaluation IQM column
+    (and notes under the table) where some group has ``evaluations``."""
+    column = "Evaluation IQM [95% CI] | " if evaluations else ""
     lines = [
         f"| Task | Algorithm | Seeds (mean of last {LAST_EPISODES} episodes) | Mean ± std | "
-        "IQM [95% CI] | Published (mean ± std) | Within range | Wall time | Env steps/s |",
-        "|---|---|---|---:|---:|---|:---:|---:|---:|",
+        f"IQM [95% CI] | {column}Published (mean ± std) | Within range | Wall time | "
+        "Env steps/s |",
+        "|---|---|---|---:|---:|" + ("---:|" if evaluations else "") + "---|:---:|---:|---:|",
     ]
     for group in sorted(groups, key=lambda g: (g.env_id, g.algo)):
         finals = group.finals()
         low, high = bootstrap_interval(finals, iqm)
         found = references.get((group.algo, task_of(group.env_id)), [])
         published = "<br>".join(f"{r.label()}: {r.numbers()}" for r in found) or "none found"
-        within = ("yes" if finals.mean() >= found[0].lowest_in_range() else "**no**"
+        judged = judged_returns(group, evaluations)  # the evaluations' means where kept
+        within = ("yes" if judged.mean() >= found[0].lowest_in_range() else "**no**"
                   ) if found else "-"
+        cell = ""  # the evaluation column's, where the table has one
+        if evaluations:
+            evaluation = evaluations.get(group.key)
+            cell = f"{evaluation.cell()} | " if evaluation else "- | "
+            within += " (evaluation)" if evaluation and found else ""
         seeds = ", ".join(f"{seed}: {_number(value)}"
                           for seed, value in zip(group.seeds, finals, strict=True))
         lines.append(
             f"| {group.env_id} | {group.algo.upper()} | {seeds} | {_number(finals.mean())} ± "
             f"{_number(finals.std())} | {_number(iqm(finals))} [{_number(low)}, "
-            f"{_number(high)}] | {published} | {within} | {_duration(group.wall_s)} | "
-            f"{_number(group.env_steps_per_s)} |")
-    return "\n".join(lines) + "\n"
+            f"{_number(high)}] | {cell}{published} | {within} | "
+            f"{_duration(group.wall_s)} | {_number(group.env_steps_per_s)} |")
+    return "\n".join(lines) + "\n" + table_notes(groups, evaluations or {})
 
 
 def summary(groups: Sequence[GroupResult],
-            references: dict[tuple[str, str], list[Reference]]) -> str:
+            references: dict[tuple[str, str], list[Reference]],
+            evaluations: dict[tuple[str, str], GroupEvaluations] | None = None) -> str:
     """The README's short form: a row per task, a column per algorithm, each cell the seeds'
-    IQM and, in brackets, the first published mean."""
+    IQM, the IQM of their evaluations where kept (``eval 10,480``) and, in brackets, the
+    first published mean."""
     algos = sorted({g.algo for g in groups})
     cells = {g.key: g for g in groups}
     lines = ["| Task | " + " | ".join(a.upper() for a in algos) + " |",
@@ -161,7 +184,9 @@ def summary(groups: Sequence[GroupResult],
                 continue
             found = references.get((algo, task_of(env_id)))
             published = f" ({_number(found[0].mean)})" if found else ""
-            row.append(f"{_number(iqm(group.finals()))}{published}")
+            evaluation = (evaluations or {}).get(group.key)
+            evaluated = "" if evaluation is None else f"; eval {_number(iqm(evaluation.means()))}"
+            row.append(f"{_number(iqm(group.finals()))}{evaluated}{published}")
         lines.append(f"| {env_id} | " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
@@ -290,10 +315,11 @@ def report(results_dir: Path, references_path: Path) -> list[Path]:
     """The table and the figures from the kept results; returns the files written."""
     groups = load_results(results_dir)
     references = read_references(references_path)
-    text = table(groups, references)
+    evaluations = load_evaluations(results_dir, groups)
+    text = table(groups, references, evaluations)
     print(text, end="")
     (results_dir / "table.md").write_text(text)
-    (results_dir / "summary.md").write_text(summary(groups, references))
+    (results_dir / "summary.md").write_text(summary(groups, references, evaluations))
     thresholds = first_references(groups, references)
     rows = wallclock_rows(groups, thresholds)
     clock = wallclock_markdown(rows)
@@ -328,6 +354,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     gather = commands.add_parser("collect", help="read run folders into the results' CSVs")
     gather.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR")
+    gather.add_argument("--evaluate", action="store_true",
+                        help=f"also evaluate each run's latest checkpoint ({EPISODES} "
+                             "deterministic episodes per seed) into the evaluation column")
+    gather.add_argument("--device", default="auto", metavar="{auto,cpu,cuda}",
+                        help="where --evaluate runs the actors (default: auto)")
     build = commands.add_parser("report", help="the table and figures from the results' CSVs")
     build.add_argument("--references", type=Path, default=DEFAULT_REFERENCES,
                        help=f"published numbers (default {DEFAULT_REFERENCES.name})")
@@ -341,6 +372,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             for group in collect(args.runs, args.results):
                 print(f"{group.algo} on {group.env_id}: seeds {group.seeds}, {group.steps:,} "
                       f"steps each, {_duration(group.wall_s)}")
+            if args.evaluate:
+                for (env_id, algo), kept in collect_evaluations(
+                        args.runs, args.results, device=args.device).items():
+                    print(f"{algo} on {env_id}: evaluated, IQM {kept.cell()}")
         else:
             for path in report(args.results, args.references):
                 print(f"wrote {path}")
