@@ -3,6 +3,7 @@ the full length, the third finds it done), read by the table's collect (short CP
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -14,7 +15,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import groups  # noqa: E402
 from results import collect  # noqa: E402
 
+from rl_graphstep.core.errors import ConfigError  # noqa: E402
 from rl_graphstep.run.checkpoint import load_checkpoint  # noqa: E402
+from rl_graphstep.run.flags import load_config  # noqa: E402
 
 
 def test_a_group_goes_on_job_after_job_to_its_length(tmp_path: Path,
@@ -46,8 +49,99 @@ def test_a_failed_group_makes_the_exit_code_and_the_others_still_run(tmp_path: P
 
 def test_a_group_that_is_not_algo_env_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
-        groups.main(["--only", "ppo:Hopper-v5"])
+        groups.main(["--only", "a2c:Hopper-v5"])
     assert exit_info.value.code == 2
-    assert "'ppo:Hopper-v5' is not ALGO:ENV" in capsys.readouterr().err
+    assert "'a2c:Hopper-v5' is not ALGO:ENV or ALGO" in capsys.readouterr().err
     assert groups.run_name("sac", "HalfCheetah-v5") == "sac_halfcheetah"
     assert len(set(groups.GROUPS)) == 9
+
+
+def test_the_crossq_and_ppo_groups_are_named_by_algo_alone() -> None:
+    assert groups.parse_group("crossq") == [
+        ("crossq", "HalfCheetah-v5"), ("crossq", "Hopper-v5"), ("crossq", "Walker2d-v5"),
+        ("crossq", "Ant-v5"), ("crossq", "Humanoid-v5")]
+    assert groups.parse_group("ppo") == [
+        ("ppo", "HalfCheetah-v5"), ("ppo", "Walker2d-v5"), ("ppo", "Hopper-v5"),
+        ("ppo", "InvertedPendulum-v5"), ("ppo", "Humanoid-v5")]
+    assert groups.parse_group("crossq:Humanoid-v5") == [("crossq", "Humanoid-v5")]
+    assert groups.parse_group("sac") == [g for g in groups.GROUPS if g[0] == "sac"]
+    assert not {"crossq", "ppo"} & {algo for algo, _ in groups.GROUPS}  # the default: nine
+
+
+def new_group_command(algo: str, env_id: str, log_dir: Path, extra: list[str]) -> list[str]:
+    args = argparse.Namespace(total_timesteps=1_000_000, job_steps=None, seeds=5)
+    return groups.command(algo, env_id, log_dir / groups.run_name(algo, env_id), 0, args, extra)
+
+
+def test_a_crossq_group_is_started_as_the_off_policy_groups_are(tmp_path: Path) -> None:
+    cmd = new_group_command("crossq", "Humanoid-v5", tmp_path,
+                            ["--device", "cuda", "--no-save-buffer", "--num-steps", "64"])
+    assert cmd == [sys.executable, "-m", "rl_graphstep.train", "--algo", "crossq", "--env",
+                   "Humanoid-v5", "--num-seeds", "5", "--total-timesteps", "1000000",
+                   "--save-buffer", "--log-dir", str(tmp_path), "--run-name",
+                   "crossq_humanoid", "--checkpoint-every", "100000", "--keep-checkpoints",
+                   "1", "--no-progress", "--device", "cuda", "--no-save-buffer"]
+    cfg = load_config(cmd[3:])  # what the training command reads: no flag refused
+    assert (cfg.algo, cfg.num_seeds, cfg.save_buffer) == ("crossq", 5, False)
+    assert cfg.critic_hidden_sizes == (2048, 2048)  # configs/crossq_mujoco.yaml's
+
+
+def test_a_ppo_group_gets_no_off_policy_flags(tmp_path: Path) -> None:
+    extra = ["--device", "cuda", "--learning-starts", "200", "--no-save-buffer",
+             "--buffer-size", "1000", "--num-steps=1024", "--hidden-sizes", "64", "64"]
+    cmd = new_group_command("ppo", "Hopper-v5", tmp_path, extra)
+    assert cmd == [sys.executable, "-m", "rl_graphstep.train", "--algo", "ppo", "--env",
+                   "Hopper-v5", "--num-seeds", "5", "--total-timesteps", "1000000",
+                   "--log-dir", str(tmp_path), "--run-name", "ppo_hopper",
+                   "--checkpoint-every", "100000", "--keep-checkpoints", "1", "--no-progress",
+                   "--device", "cuda", "--num-steps=1024", "--hidden-sizes", "64", "64"]
+    cfg = load_config(cmd[3:])
+    assert (cfg.algo, cfg.num_steps, cfg.obs_norm) == ("ppo", 1024, True)
+    with pytest.raises(ConfigError, match="--save-buffer is a setting of"):
+        load_config([*cmd[3:], "--save-buffer"])  # why groups.py leaves it out for PPO
+    assert groups.settings_of("ppo", extra)[1] == [
+        "--learning-starts", "200", "--no-save-buffer", "--buffer-size", "1000"]
+
+
+def test_ppo_and_crossq_groups_go_on_where_they_stopped(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    """A CrossQ group in two jobs (--job-steps, its buffer saved), a PPO group made longer
+    (resumed at a rollout boundary); flags only the other reads are left out of each."""
+    common = ["--log-dir", str(tmp_path), "--seeds", "2", "--total-timesteps", "384"]
+    extra = ["--device", "cpu", "--hidden-sizes", "16", "16", "--learning-starts", "200",
+             "--batch-size", "16", "--critic-hidden-sizes", "32", "32", "--num-steps", "64",
+             "--num-minibatches", "4", "--update-epochs", "2"]
+    assert groups.main(["--only", "crossq:Pendulum-v1", *common, "--job-steps", "256",
+                        *extra]) == 0
+    crossq = tmp_path / "crossq_pendulum"
+    assert groups.steps_done(crossq) == 256 and load_checkpoint(crossq)["buffer"] is not None
+    assert groups.main(["--only", "ppo:Pendulum-v1", *common, *extra]) == 0
+    out = capsys.readouterr().out
+    assert ("crossq_pendulum: leaves out --num-steps 64 --num-minibatches 4 --update-epochs 2 "
+            "(settings that crossq does not read)") in out
+    assert ("ppo_pendulum: leaves out --learning-starts 200 --batch-size 16 "
+            "--critic-hidden-sizes 32 32 (settings that ppo does not read)") in out
+    ppo = tmp_path / "ppo_pendulum"
+    assert groups.steps_done(ppo) == 384  # six rollouts of 64
+    longer = ["--log-dir", str(tmp_path), "--seeds", "2", "--total-timesteps", "512"]
+    assert groups.main(["--only", "crossq:Pendulum-v1", "--only", "ppo:Pendulum-v1",
+                        *longer]) == 0
+    for run_dir, algo in ((crossq, "crossq"), (ppo, "ppo")):
+        state = load_checkpoint(run_dir)
+        assert state["global_step"] == 512 and state["config"]["algo"] == algo
+        assert state["config"]["num_seeds"] == 2 and state["config"]["device"] == "cpu"
+    assert load_checkpoint(ppo)["agent"]["updates"] == 8  # 512 / 64 rollouts learned from
+    [group] = collect([ppo], tmp_path / "results")
+    assert (group.algo, group.env_id, group.steps) == ("ppo", "Pendulum-v1", 512)
+
+
+def test_job_steps_are_refused_for_ppo_groups(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        groups.main(["--only", "sac:Hopper-v5", "--only", "ppo", "--job-steps", "1000",
+                     "--log-dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert ": error: --job-steps would end a PPO group's first job at a shorter" in err
+    assert not any(tmp_path.iterdir())  # nothing ran
