@@ -21,6 +21,7 @@ import csv
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from results import GROUPS_FILE, GroupResult, ResultsError, read_group
@@ -182,3 +183,14 @@ def table_notes(groups: Sequence[GroupResult],
             lines.append(f"- {group.algo.upper()} on {group.env_id}, evaluation: "
                          f"{evaluated.note()}.")
     return "\n".join(lines) + "\n"
+
+
+def plot_evaluation(ax: Any, algo: str, evaluation: GroupEvaluations, color: str) -> None:
+    """On a task's figure: the evaluation IQM with its 95% interval as a point at the step of
+    the checkpoint evaluated, in the group's colour."""
+    means = evaluation.means()
+    point = float(iqm(means))
+    low, high = bootstrap_interval(means, iqm)
+    step = max(s.step for s in evaluation.seeds)
+    ax.errorbar([step], [point], yerr=[[point - low], [high - point]], fmt="D", color=color,
+                capsize=5, markersize=7, label=f"{algo.upper()} evaluation IQM (95% CI)")

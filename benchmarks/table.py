@@ -45,6 +45,7 @@ from evaluations import (
     collect_evaluations,
     judged_returns,
     load_evaluations,
+    plot_evaluation,
     table_notes,
 )
 from results import LAST_EPISODES, GroupResult, ResultsError, collect, load_results
@@ -233,9 +234,10 @@ def normalised_scores(groups: Sequence[GroupResult],
 
 
 def plot_task(path: Path, task: str, groups: Sequence[GroupResult],
-              references: dict[tuple[str, str], list[Reference]]) -> None:
-    """One task's figure: every seed thin, each algorithm's IQM and its 95% band thick, and
-    each algorithm's first reference dashed."""
+              references: dict[tuple[str, str], list[Reference]],
+              evaluations: dict[tuple[str, str], GroupEvaluations] | None = None) -> None:
+    """One task's figure: every seed thin, each algorithm's IQM and its 95% band thick, each
+    algorithm's first reference dashed, and its evaluation IQM (where kept) a point."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
     from plot_curve import format_steps
@@ -251,6 +253,8 @@ def plot_task(path: Path, task: str, groups: Sequence[GroupResult],
         ax.fill_between(grid, bands[0], bands[1], color=color, alpha=0.2, linewidth=0)
         ax.plot(grid, iqm(rows, axis=0), color=color, linewidth=2.4,
                 label=f"{group.algo.upper()} IQM of {len(rows)} seeds (95% CI)")
+        if group.key in (evaluations or {}):
+            plot_evaluation(ax, group.algo, evaluations[group.key], color)
         found = references.get((group.algo, task_of(group.env_id)))
         if found:
             ax.axhline(found[0].mean, color=color, linestyle="--", linewidth=1.1,
@@ -336,7 +340,8 @@ def report(results_dir: Path, references_path: Path) -> list[Path]:
     matplotlib.use("Agg")
     for task in sorted({task_of(g.env_id) for g in groups}):
         path = results_dir / f"{task}.png"
-        plot_task(path, task, [g for g in groups if task_of(g.env_id) == task], references)
+        plot_task(path, task, [g for g in groups if task_of(g.env_id) == task], references,
+                  evaluations)
         path_clock = results_dir / f"{task}_wallclock.png"
         plot_wallclock(path_clock, task, [g for g in groups if task_of(g.env_id) == task],
                        thresholds)

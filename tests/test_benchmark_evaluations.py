@@ -113,6 +113,9 @@ def test_report_gives_the_evaluation_iqm_and_judges_by_it(tmp_path: Path) -> Non
             ) in text.splitlines()
     assert (results / "summary.md").read_text().splitlines()[2] == (
         "| Hopper-v5 | 100; eval 300 (350) | 80 (90) |")
+    # The task's figure carries the evaluation's point (drawn where matplotlib is installed).
+    pytest.importorskip("matplotlib")
+    assert (results / "Hopper.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
 def test_an_evaluation_of_other_seeds_is_one_line(tmp_path: Path,
