@@ -4,6 +4,7 @@ the evaluation IQM of a hand-made results folder and judges such a group by it."
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -114,8 +115,8 @@ def test_report_gives_the_evaluation_iqm_and_judges_by_it(tmp_path: Path) -> Non
     assert (results / "summary.md").read_text().splitlines()[2] == (
         "| Hopper-v5 | 100; eval 300 (350) | 80 (90) |")
     # The task's figure carries the evaluation's point (drawn where matplotlib is installed).
-    pytest.importorskip("matplotlib")
-    assert (results / "Hopper.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    if importlib.util.find_spec("matplotlib") is not None:
+        assert (results / "Hopper.png").read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
 
 
 def test_an_evaluation_of_other_seeds_is_one_line(tmp_path: Path,
