@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from rl_graphstep.core.compiling import quiet_compiler
 from rl_graphstep.core.errors import (
     STOP_SIGNALS,
     EnvError,
@@ -42,7 +41,6 @@ from rl_graphstep.core.errors import (
     type_name,
 )
 from rl_graphstep.networks.custom import NetworkSpec
-from rl_graphstep.run.acting import policy_pipe
 from rl_graphstep.run.cli import (
     argument_list,
     end_startup_guard,
@@ -53,12 +51,11 @@ from rl_graphstep.run.cli import (
 from rl_graphstep.run.console import say, summary_line
 from rl_graphstep.run.flags import load_config
 from rl_graphstep.run.nonfinite import mostly_skipped, nonfinite_stop_message, not_learned
-from rl_graphstep.run.rollouts import RolloutCollector
 from rl_graphstep.run.setup import Reporter, Run, set_up
 from rl_graphstep.run.state import save_run
 from rl_graphstep.run.threads import loop_threads
 from rl_graphstep.settings.config import Config
-from rl_graphstep.settings.plan import matmul_precision, resolve_device, settle_action_stream
+from rl_graphstep.settings.plan import matmul_precision, resolve_device
 
 # The exit code of a run that finished but did not learn: it made no update, or skipped most
 # of its updates or transitions for non-finite values (nonfinite.not_learned).
@@ -123,15 +120,9 @@ def _loop(run: Run, stops: list[int]) -> None:
     acts with its policy from the first step, and the iteration that fills its rollout
     updates from it."""
     cfg, progress, collector, learner = run.cfg, run.progress, run.collector, run.learner
-    on_policy = isinstance(collector, RolloutCollector)
     while progress.global_step < cfg.total_timesteps:
-        if on_policy and not learner.built:  # PPO acts with its policy from the first step
+        if not learner.built and collector.learning_due(progress.global_step, cfg):
             _start_learning(run)
-        elif not learner.built and progress.global_step + cfg.num_envs > cfg.learning_starts:
-            collector.flush(progress.global_step)  # the last transition counts, too
-            # len(buffer): a run resumed without its buffer first refills one batch.
-            if len(learner.buffer) >= cfg.batch_size:
-                _start_learning(run)
         try:
             rewards, terminations, truncations = collector.step(
                 progress.global_step, explore=progress.global_step >= cfg.learning_starts,
@@ -199,22 +190,10 @@ def _start_learning(run: Run) -> None:
     """Build the learner (compiling is paid once, here) and let the policy act; say how the
     updates run, in one line and in tensorboard's text."""
     began = time.perf_counter()
-    learner, algorithm = run.learner, run.learner.algorithm
-    if isinstance(run.collector, RolloutCollector):
-        # The learner acts itself (no action pipe). Its build draws nothing from the CPU
-        # generator the run acts with: a resumed run samples as the straight one does.
-        with quiet_compiler(), torch.random.fork_rng(devices=[]):
-            run.plan = learner.build(run.log.logger.sums)
-    else:
-        with quiet_compiler():
-            plan = learner.build(run.log.logger.sums)
-        run.plan = settle_action_stream(plan, algorithm.exploration_noise_size(),
-                                        type(algorithm.actor).__name__)
-        space = run.collector.envs.single_action_space
-        run.collector.act_with(policy_pipe(algorithm, run.plan, run.collector.envs.num_envs,
-                                           learner.buffer.observation_size, space,
-                                           staged=run.staged_actor,
-                                           normalizer=learner.buffer.normalizer))
+    # The collector of the learner's kind builds it and lets its policy act (off-policy:
+    # through an action pipe; PPO: the learner acts itself).
+    run.plan = run.collector.start_learning(run.learner, run.log.logger.sums,
+                                            run.staged_actor)
     if run.plan.device.type == "cuda":
         torch.cuda.synchronize(run.plan.device)
     # Compiling leaves hundreds of thousands of long-lived Python objects (600,000 after
@@ -272,11 +251,7 @@ def _summary(run: Run) -> dict[str, Any]:
     policy = collector.policy
     # A resumed run already at --total-timesteps takes no step: nothing was asked of it.
     steps_taken = progress.global_step - run.clock.start[1]
-    on_policy = isinstance(collector, RolloutCollector)
-    # An on-policy run's updates are due once a rollout is full; it has no replay buffer.
-    learning = (progress.global_step >= cfg.num_envs * cfg.num_steps if on_policy
-                else progress.global_step > cfg.learning_starts)
-    stored = 0 if on_policy else len(run.learner.buffer)
+    learning = collector.updates_due(progress.global_step, cfg)
     return {
         "run_dir": str(run.run_dir),
         "global_step": progress.global_step,
@@ -297,7 +272,7 @@ def _summary(run: Run) -> dict[str, Any]:
         # Why the run did not learn (the exit-3 line), None when it did or took no step.
         "not_learned": None if steps_taken == 0 else not_learned(
             updates, progress.tallies, steps=progress.global_step, learning=learning,
-            stored=stored, batch_size=cfg.batch_size, run_dir=str(run.run_dir)),
+            stored=collector.stored(), batch_size=cfg.batch_size, run_dir=str(run.run_dir)),
         "steps_taken": steps_taken,
         "total_timesteps": cfg.total_timesteps,
         **run.clock.summary(progress.global_step, collector.waited, collector.waits),

@@ -10,11 +10,15 @@ from collections.abc import Callable, Iterator, Sequence
 
 import gymnasium as gym
 import numpy as np
+from torch import Tensor
 
+from rl_graphstep.core.compiling import quiet_compiler
 from rl_graphstep.data.buffer import ReplayBuffer
 from rl_graphstep.data.nstep import NStepRows
 from rl_graphstep.envs.vector import EnvStepper, scale_action, true_next_observations
-from rl_graphstep.run.acting import ActionPipe
+from rl_graphstep.learners import OffPolicyLearner
+from rl_graphstep.learners.metrics import MetricSums
+from rl_graphstep.run.acting import ActionPipe, policy_pipe
 from rl_graphstep.run.nonfinite import (
     NonFiniteTally,
     finite_mask,
@@ -23,6 +27,8 @@ from rl_graphstep.run.nonfinite import (
     random_actions_for,
     store_seeds,
 )
+from rl_graphstep.settings.config import Config
+from rl_graphstep.settings.plan import RunPlan, settle_action_stream
 
 Transition = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 """(observations, actions, rewards, next observations, terminations), one row per env."""
@@ -69,6 +75,30 @@ class Collector:
         self.nstep = nstep
         self.waited = 0.0  # seconds spent waiting for the policy's actions
         self.waits = 0
+
+    def learning_due(self, step: int, cfg: Config) -> bool:
+        """Whether the learner is built before the iteration that starts at ``step``: once
+        that iteration's steps pass ``learning_starts`` and the buffer holds a batch (a run
+        resumed without its buffer first refills one)."""
+        if step + cfg.num_envs <= cfg.learning_starts:
+            return False
+        self.flush(step)  # the last transition counts, too
+        return len(self.buffer) >= cfg.batch_size
+
+    def start_learning(self, learner: OffPolicyLearner, sums: MetricSums,
+                       staged_actor: list[Tensor] | None) -> RunPlan:
+        """Build ``learner`` (its updates adding into ``sums``) and act with its policy from
+        now on, through the action pipe the plan that holds allows (``staged_actor``: a
+        resumed run's, see ActionPipe); returns that plan."""
+        with quiet_compiler():
+            plan = learner.build(sums)
+        algorithm, buffer = learner.algorithm, learner.buffer
+        plan = settle_action_stream(plan, algorithm.exploration_noise_size(),
+                                    type(algorithm.actor).__name__)
+        self.act_with(policy_pipe(algorithm, plan, self.envs.num_envs, buffer.observation_size,
+                                  self.envs.single_action_space, staged=staged_actor,
+                                  normalizer=buffer.normalizer))
+        return plan
 
     def act_with(self, policy: ActionPipe) -> None:
         """Let ``policy`` choose the actions of steps that explore."""
@@ -170,6 +200,16 @@ class Collector:
     def stop_note(self) -> str:
         """What a stop's line adds about this collector's state: nothing is lost here."""
         return ""
+
+    def updates_due(self, step: int, cfg: Config) -> bool:
+        """Whether a run at ``step`` was due to have updated: it stepped past
+        ``learning_starts``."""
+        return step > cfg.learning_starts
+
+    def stored(self) -> int:
+        """The replay buffer's rows (a group's least filled seed's), which decide whether it
+        holds a batch."""
+        return len(self.buffer)
 
     @contextlib.contextmanager
     def _waiting(self) -> Iterator[None]:

@@ -30,9 +30,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from rl_graphstep.core.compiling import quiet_compiler
 from rl_graphstep.envs.vector import EnvStepper, true_next_observations
+from rl_graphstep.learners.metrics import MetricSums
 from rl_graphstep.learners.onpolicy import OnPolicyLearner
 from rl_graphstep.run.nonfinite import NonFiniteTally
+from rl_graphstep.settings.config import Config
+from rl_graphstep.settings.plan import RunPlan
 
 Update = Callable[[Tensor], None]
 """The learner's update of a filled rollout, given the values after its last step."""
@@ -71,6 +75,19 @@ class RolloutCollector:
         self.normalizer = self.rollout.normalizer
         self.reward_normalizer = self.rollout.reward_normalizer
         self.updated = False  # whether the last step filled the rollout (and updated)
+
+    def learning_due(self, step: int, cfg: Config) -> bool:
+        """PPO acts with its policy from the first step: the learner is built before it."""
+        return True
+
+    def start_learning(self, learner: OnPolicyLearner, sums: MetricSums,
+                       staged_actor: list[Tensor] | None = None) -> RunPlan:
+        """Build ``learner`` (its updates adding into ``sums``); it acts itself, through no
+        action pipe (``staged_actor`` is the off-policy collector's). Its build draws nothing
+        from the CPU generator the run acts with: a resumed run samples as the straight one
+        does. Returns the plan that holds."""
+        with quiet_compiler(), torch.random.fork_rng(devices=[]):
+            return learner.build(sums)
 
     @property
     def in_env_step(self) -> bool:
@@ -140,6 +157,14 @@ class RolloutCollector:
         each multiple of ``every`` (a checkpoint holds no rollout under way)."""
         rollout = self.num_envs * self.rollout.num_steps  # a seed's steps per rollout
         return self.updated and step // every > (step - rollout) // every
+
+    def updates_due(self, step: int, cfg: Config) -> bool:
+        """Whether a run at ``step`` was due to have updated: it filled a rollout."""
+        return step >= cfg.num_envs * cfg.num_steps
+
+    def stored(self) -> int:
+        """No replay buffer: nothing stored that a batch waits for."""
+        return 0
 
     def stop_note(self) -> str:
         """What a stop's line adds mid-rollout: the checkpoint holds the learner of the last
