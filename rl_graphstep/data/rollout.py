@@ -99,6 +99,9 @@ class Rollout:
         self.truncations = torch.zeros(shape, device=self.device)
         self.final_values = torch.zeros(shape, device=self.device)
         self.step = 0  # the next step to add
+        # Seeds whose rollout is not learned from (a non-finite step, see exclude): on the
+        # host, so that nothing syncs.
+        self.excluded = [False] * seeds
 
     # ------------------------------------------------------------------ views
 
@@ -176,6 +179,13 @@ class Rollout:
     def reset(self) -> None:
         """Start the next rollout (the storage is overwritten step by step)."""
         self.step = 0
+        self.excluded = [False] * self.seeds
+
+    def exclude(self, seed: int) -> None:
+        """Leave seed ``seed``'s rollout (from 0) out of its update: its advantages and
+        returns come out NaN from :meth:`compute_advantages`, so the non-finite guard of each
+        of its minibatch steps skips it (and counts it), while the other seeds learn."""
+        self.excluded[seed] = True
 
     # ------------------------------------------------------------------ GAE
 
@@ -192,6 +202,9 @@ class Rollout:
                          gamma, gae_lambda)
         self.rows[..., self.layout.advantages] = advantages
         self.rows[..., self.layout.returns] = advantages + values
+        for seed in (k for k, excluded in enumerate(self.excluded) if excluded):
+            self.rows[seed, ..., self.layout.advantages] = torch.nan
+            self.rows[seed, ..., self.layout.returns] = torch.nan
 
 
 def gae(rewards: Tensor, values: Tensor, terminations: Tensor, truncations: Tensor,

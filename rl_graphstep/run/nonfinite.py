@@ -40,6 +40,10 @@ _ADVICE = ("check the rewards and observations the environment returns, or lower
            "rates")
 # What a user can do about transitions that keep coming out non-finite.
 _ENV_ADVICE = "check the rewards and observations the environment returns"
+# What the warning about a run's first non-finite transition says becomes of them: the
+# off-policy collector's (an on-policy one says its own).
+_STORED = ("transitions with NaN or inf are not stored but counted in "
+          "charts/nonfinite_transitions")
 
 
 class NonFiniteTally:
@@ -90,9 +94,11 @@ class NonFiniteTally:
             buffer.add(*(c[:n] for c in joined))
             self._held = [tuple(c[n:] for c in joined)] if held > n else []
 
-    def _drop(self, step: int, finite_parts: list[np.ndarray], stacklevel: int) -> np.ndarray:
+    def _drop(self, step: int, finite_parts: list[np.ndarray], stacklevel: int,
+              consequence: str = _STORED) -> np.ndarray:
         """Which rows to store, given per part which rows are finite; counts the others and
-        warns at the run's first (``stacklevel`` as `warnings.warn` counts it from here)."""
+        warns at the run's first (``stacklevel`` as `warnings.warn` counts it from here),
+        saying what becomes of them (``consequence``)."""
         finite = np.ones(len(finite_parts[0]), dtype=bool)
         for name, ok in zip(_PARTS, finite_parts, strict=True):
             if not ok.all() and not self.warned:
@@ -101,8 +107,7 @@ class NonFiniteTally:
                 where = f"env {env}" if self.seed is None else f"seed {self.seed}, env {env}"
                 warnings.warn(
                     f"{self.env_id} returned a non-finite {name} ({where}, step {step}); "
-                    f"transitions with NaN or inf are not stored but counted in "
-                    f"charts/nonfinite_transitions (warned once per run)",
+                    f"{consequence} (warned once per run)",
                     stacklevel=stacklevel)
             finite &= ok
         self.transitions += int(finite.size - finite.sum())
@@ -169,10 +174,12 @@ def store_seeds(tallies: Sequence[NonFiniteTally], buffer: ReplayBuffer, step: i
 
 def finite_transitions(tallies: Sequence[NonFiniteTally], step: int, observations: np.ndarray,
                        actions: np.ndarray, rewards: np.ndarray,
-                       next_observations: np.ndarray) -> np.ndarray:
+                       next_observations: np.ndarray, *, consequence: str = _STORED
+                       ) -> np.ndarray:
     """Which of K x n transitions (seed k's envs being rows k*n .. k*n+n-1) are finite; each
-    seed's tally counts and warns about its others, which the caller leaves out. The warning
-    names the line two calls up (the collector's flush, which calls the caller)."""
+    seed's tally counts and warns about its others, which the caller leaves out (the warning
+    says what becomes of them: ``consequence``). The warning names the line two calls up
+    (the collector's flush, which calls the caller)."""
     if all_finite(observations, actions, rewards, next_observations):
         return np.ones(len(rewards), dtype=bool)
     n = len(rewards) // len(tallies)
@@ -180,7 +187,8 @@ def finite_transitions(tallies: Sequence[NonFiniteTally], step: int, observation
     finite = np.empty(len(rewards), dtype=bool)
     for seed, tally in enumerate(tallies):  # a loop, not a comprehension: no frame of its own
         rows = slice(seed * n, seed * n + n)
-        finite[rows] = tally._drop(step, [ok[rows] for ok in parts], stacklevel=4)
+        finite[rows] = tally._drop(step, [ok[rows] for ok in parts], stacklevel=4,
+                                   consequence=consequence)
     return finite
 
 

@@ -6,6 +6,10 @@ every env once and adds the step to the rollout; the step that fills the rollout
 update it is given with the values of the observations that follow it, which also empties
 the rollout. The loop calls it as it calls the off-policy collector's ``step``.
 
+NaN and inf from the environment are checked on the host as each step is added, as the
+off-policy collector checks its transitions: counted in the seeds' tallies, never stored, and
+a seed with one is left out of the rollout's update (see ``_checked``).
+
 A Gaussian actor's samples are unbounded: the envs get them clipped to the action space, as
 CleanRL's ``ClipAction`` does, and the rollout keeps the unclipped sample, whose
 log-probability the policy loss compares with. A discrete action is its index.
@@ -16,14 +20,15 @@ on them normalised; the rollout stores them normalised, as CleanRL's buffer does
 ``NormalizeObservation`` wrapper. A step's final observations (truncation bootstrapping) and
 the observations after the rollout's last step are normalised with that step's statistics,
 uncounted (they are counted, as the next step's observations, when acted on). A non-finite
-observation is acted on but never counted. With ``--reward-norm`` the rewards enter the
-rollout scaled (``data.normalizer.RewardNormalizer``); :meth:`RolloutCollector.step` returns
-the env's own, which the episode returns are summed from.
+observation is never counted (the policy acts on zeros in its place). With ``--reward-norm``
+the rewards enter the rollout scaled (``data.normalizer.RewardNormalizer``);
+:meth:`RolloutCollector.step` returns the env's own, which the episode returns are summed
+from.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -34,12 +39,16 @@ from rl_graphstep.core.compiling import quiet_compiler
 from rl_graphstep.envs.vector import EnvStepper, true_next_observations
 from rl_graphstep.learners.metrics import MetricSums
 from rl_graphstep.learners.onpolicy import OnPolicyLearner
-from rl_graphstep.run.nonfinite import NonFiniteTally
+from rl_graphstep.run.nonfinite import NonFiniteTally, finite_transitions, policy_inputs
 from rl_graphstep.settings.config import Config
 from rl_graphstep.settings.plan import RunPlan
 
 Update = Callable[[Tensor], None]
 """The learner's update of a filled rollout, given the values after its last step."""
+
+# What the warning about a run's first non-finite step says becomes of it.
+NOT_LEARNED = ("steps with NaN or inf are not learned from (their seed's update of the rollout "
+               "is skipped) and counted in charts/nonfinite_transitions")
 
 
 class RolloutCollector:
@@ -51,6 +60,8 @@ class RolloutCollector:
         learner: the on-policy learner, whose ``act`` and ``values`` the rollout stores.
         tally: the run's non-finite tally (an on-policy run stores no transition it could
             drop: ``unstored_nonfinite`` is 0).
+        seed_tallies: with K seeds, one tally per seed, which counts the seed's steps with
+            NaN or inf (by default ``tally`` counts them all).
     """
 
     buffer = None  # no replay buffer: what a checkpoint saves of one is nothing
@@ -60,9 +71,11 @@ class RolloutCollector:
     waits = 0
 
     def __init__(self, envs: gym.vector.VectorEnv, observations: np.ndarray,
-                 learner: OnPolicyLearner, tally: NonFiniteTally) -> None:
+                 learner: OnPolicyLearner, tally: NonFiniteTally, *,
+                 seed_tallies: Sequence[NonFiniteTally] = ()) -> None:
         self.envs, self.observations, self.learner, self.tally = (envs, observations,
                                                                   learner, tally)
+        self.tallies = list(seed_tallies) or [tally]
         self.rollout = learner.rollout
         self.device = learner.device
         self.seeds, self.num_envs = self.rollout.seeds, self.rollout.num_envs
@@ -125,26 +138,53 @@ class RolloutCollector:
         step that fills the rollout then runs ``update`` (where given). Returns the step's
         rewards, terminations and truncations. ``global_step`` and ``explore``: as the
         off-policy collector takes them (PPO always acts with its policy)."""
-        del global_step, explore
+        del explore
         if self.normalizer is not None:  # counted before the policy acts on them
             self.normalizer.update(self.observations,
                                    np.isfinite(self.observations).all(axis=1))
-        observations = self._observed(self.observations)
+        observations = self._safe_observed(self.observations)
         actions, log_probs, values = self.learner.act(observations)
-        self._stepper.start(self._env_actions(actions))
+        env_actions = self._env_actions(actions)
+        self._stepper.start(env_actions)
         next_observations, rewards, terminations, truncations, infos = self._stepper.finish()
+        final_observations = true_next_observations(next_observations, infos)
+        finite = self._checked(global_step, env_actions, rewards, final_observations)
         # The final observations' values bootstrap truncated episodes (read only there).
-        final_values = (self.learner.values(self._observed(true_next_observations(
-            next_observations, infos))) if np.any(truncations) else torch.zeros_like(values))
+        final_values = (self.learner.values(self._safe_observed(final_observations))
+                        if np.any(truncations) else torch.zeros_like(values))
         learned = (rewards if self.reward_normalizer is None
                    else self.reward_normalizer.scale(rewards, terminations, truncations))
+        if not finite:  # nothing non-finite is stored: such a reward as 0
+            learned = np.where(np.isfinite(learned), learned, 0.0)
         self.rollout.add(observations, actions, log_probs, values, self._tensor(learned),
                          self._tensor(terminations), self._tensor(truncations), final_values)
         self.observations = next_observations
         self.updated = self.rollout.full
         if self.updated and update is not None:
-            update(self.learner.values(self._observed(next_observations)))
+            update(self.learner.values(self._safe_observed(next_observations)))
         return rewards, terminations, truncations
+
+    def _checked(self, global_step: int, env_actions: np.ndarray, rewards: np.ndarray,
+                 final_observations: np.ndarray) -> bool:
+        """Whether the step's transitions (observation, action, reward, next observation) are
+        all finite. Each seed's tally counts and warns about its others, as the off-policy
+        collector's do, and a seed with one is left out of this rollout's update
+        (``Rollout.exclude``). Nothing non-finite is stored: the caller stores such a reward
+        as 0, and the policy acts on zeros in place of such an observation (see
+        :func:`policy_inputs`)."""
+        finite = finite_transitions(self.tallies, global_step + self.num_envs,
+                                    self.observations, env_actions, rewards,
+                                    final_observations, consequence=NOT_LEARNED)
+        if finite.all():
+            return True
+        for seed, seed_finite in enumerate(finite.reshape(self.seeds, self.num_envs)):
+            if not seed_finite.all():
+                self.rollout.exclude(seed)
+        return False
+
+    def _safe_observed(self, observations: np.ndarray) -> Tensor:
+        """:meth:`_observed` of observations with a non-finite one's row as zeros."""
+        return self._observed(policy_inputs(observations)[0])
 
     def flush(self, global_step: int) -> None:
         """Nothing waits to be stored: every step is in the rollout when ``step`` returns."""

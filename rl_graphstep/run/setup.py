@@ -217,7 +217,8 @@ def _collector(cfg: Config, envs: gym.vector.VectorEnv, observations: Any,
                nstep: NStepRows | None, *, resumed: bool) -> Collector | RolloutCollector:
     """The collector of the learner's kind, on the envs as set up (or restored)."""
     if isinstance(learner, OnPolicyLearner):
-        return RolloutCollector(envs, observations, learner, progress.nonfinite)
+        return RolloutCollector(envs, observations, learner, progress.nonfinite,
+                                seed_tallies=progress.tallies)
     collector = Collector(envs, observations, learner.buffer, progress.nonfinite,
                           seed_tallies=progress.tallies if progress.grouped else (),
                           nstep=nstep)

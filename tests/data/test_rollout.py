@@ -156,6 +156,27 @@ def test_the_rollout_stores_steps_and_computes_advantages_and_returns(seeds: int
     assert flat[:, 4 * 3 + 2, 0].eq(3.0).all()
 
 
+def test_an_excluded_seed_gets_nan_advantages_and_returns_until_the_next_rollout() -> None:
+    """Seed 1 of 3 excluded (a non-finite step): its advantages and returns are NaN, its
+    values and the other seeds' columns as computed without the exclusion."""
+    data = random_rollout(2, (3, 6, 4))
+    rollout = Rollout(6, 4, 2, 1, torch.device("cpu"), seeds=3)
+    fill(rollout, data, (3,))
+    rollout.exclude(1)
+    next_values = torch.tensor(data["next_values"], dtype=torch.float32).view(3, 4)
+    rollout.compute_advantages(next_values, 0.99, 0.95)
+    expected = reference_gae(**data, gamma=0.99, lam=0.95).reshape(3, 6, 4)
+    assert rollout.advantages[1].isnan().all() and rollout.returns[1].isnan().all()
+    assert rollout.values[1].isfinite().all()
+    for seed in (0, 2):
+        np.testing.assert_allclose(rollout.advantages[seed].numpy(), expected[seed],
+                                   rtol=1e-5, atol=1e-5)
+    rollout.reset()  # the next rollout learns from every seed again
+    fill(rollout, data, (3,))
+    rollout.compute_advantages(next_values, 0.99, 0.95)
+    np.testing.assert_allclose(rollout.advantages.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
 def test_a_full_rollout_refuses_a_step_and_an_unfilled_one_its_advantages() -> None:
     rollout = Rollout(2, 1, 2, 1, torch.device("cpu"))
     step = (torch.zeros(1, 2), torch.zeros(1, 1), *(torch.zeros(1),) * 6)
