@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rl_graphstep.algorithms import check_algorithm, check_settings
+from rl_graphstep.algorithms import check_algorithm, check_settings, is_on_policy
 from rl_graphstep.core.errors import ConfigError, first_line
 from rl_graphstep.run.aggregate import iqm, seed_means
 from rl_graphstep.run.checkpoint import list_checkpoints
@@ -125,15 +125,22 @@ def trial_resumes(folder: Path) -> bool:
 
 def check_algorithms(spec: SweepSpec) -> None:
     """Every algorithm the sweep's trials train is one the registry has: one line before Ray
-    starts, not a trial that fails (and is retried) in it."""
+    starts, not a trial that fails (and is retried) in it. Nor does a trial set what its
+    algorithm would not read, or, for PPO, a rollout its minibatches cannot cut."""
     names = [spec.base.get("algo", FIELDS["algo"].default), *spec.grid.get("algo", ())]
     if "algo" in spec.sampled:
         names += list(spec.sampled["algo"].values)
     for name in names:
         check_algorithm(name, spec.source)
-    for params in checked_points(spec):  # and none sets what its algorithm would not read
+    for params in checked_points(spec):
+        cfg = trial_config(spec, params, log_dir="runs", run_name="check")
         try:
-            check_settings(trial_config(spec, params, log_dir="runs", run_name="check"))
+            check_settings(cfg)
+            if is_on_policy(cfg.algo):
+                # Here, as PPO checks it when built: imported only for a sweep of PPO.
+                from rl_graphstep.algorithms.ppo import check_ppo_config
+
+                check_ppo_config(cfg)
         except ConfigError as error:
             raise ConfigError(f"{error} (in {trial_source(spec, params)})") from None
 
