@@ -26,6 +26,7 @@ import numpy as np
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
+from rl_graphstep.algorithms import is_on_policy
 from rl_graphstep.run.logger import LAUNCH_TAG, read_launch
 
 RETURN_TAG = "charts/episodic_return"
@@ -33,10 +34,16 @@ CONFIG_TAG = "hyperparameters/text_summary"
 LAST_EPISODES = 10
 GROUPS_FILE = "groups.csv"
 OLD_GROUP_FIELDS = ["env_id", "algo", "seeds", "steps", "wall_s", "env_steps_per_s"]
-# What makes the gradient samples (from each run's config) and where wall_s is counted from:
-# "launch" (recorded) or "first event" (runs logged before the launch was recorded).
-SETTINGS = ["num_envs", "batch_size", "updates_per_step", "learning_starts"]
+# What makes the gradient samples (from each run's config): an off-policy group's replay
+# batches, an on-policy (PPO) group's rollouts and epochs over them; and where wall_s is
+# counted from: "launch" (recorded) or "first event" (runs logged before the launch was
+# recorded).
+OFF_POLICY_SETTINGS = ["num_envs", "batch_size", "updates_per_step", "learning_starts"]
+ON_POLICY_SETTINGS = ["num_envs", "num_steps", "num_minibatches", "update_epochs"]
+SETTINGS = [*OFF_POLICY_SETTINGS, "num_steps", "num_minibatches", "update_epochs"]
 GROUP_FIELDS = [*OLD_GROUP_FIELDS, *SETTINGS, "timed_from"]
+# groups.csv as written before the on-policy settings were kept (its rows have none).
+OFF_POLICY_GROUP_FIELDS = [*OLD_GROUP_FIELDS, *OFF_POLICY_SETTINGS, "timed_from"]
 LAUNCH_TEXT_TAG = f"{LAUNCH_TAG}/text_summary"
 
 
@@ -107,22 +114,33 @@ class GroupResult:
 
     @property
     def updates_per_seed(self) -> int | None:
-        """Critic updates each seed made: ``updates_per_step`` per iteration of ``num_envs``
-        steps once past ``learning_starts``. None where its settings were not recorded."""
+        """Critic updates each seed made. Off-policy: ``updates_per_step`` per iteration of
+        ``num_envs`` steps once past ``learning_starts``. On-policy (PPO): ``update_epochs``
+        x ``num_minibatches`` per full rollout of ``num_envs`` x ``num_steps`` steps. None
+        where its settings were not recorded."""
         settings = self.settings
-        if any(settings.get(name) is None for name in SETTINGS):
+        on_policy = is_on_policy(self.algo)
+        if any(settings.get(name) is None
+               for name in (ON_POLICY_SETTINGS if on_policy else OFF_POLICY_SETTINGS)):
             return None
+        if on_policy:
+            rollouts = self.steps // (settings["num_envs"] * settings["num_steps"])
+            return rollouts * settings["update_epochs"] * settings["num_minibatches"]
         iterations = max(0, self.steps - settings["learning_starts"]) // settings["num_envs"]
         return iterations * settings["updates_per_step"]
 
     @property
     def gradient_samples(self) -> int | None:
         """Rows sampled for critic updates by all seeds: ``batch_size`` rows per update of
-        each seed. None where its settings were not recorded."""
+        each seed (PPO: a minibatch, its rollout's ``num_envs`` x ``num_steps`` rows over
+        ``num_minibatches``). None where its settings were not recorded."""
         updates = self.updates_per_seed
         if updates is None:
             return None
-        return len(self.curves) * updates * self.settings["batch_size"]
+        settings = self.settings
+        rows = (settings["num_envs"] * settings["num_steps"] // settings["num_minibatches"]
+                if is_on_policy(self.algo) else settings["batch_size"])
+        return len(self.curves) * updates * rows
 
     @property
     def gradient_samples_per_s(self) -> float | None:
@@ -210,9 +228,11 @@ def read_seed_run(run_dir: Path) -> tuple[dict[str, str], SeedCurve]:
 
 
 def _settings(config: dict[str, str]) -> dict[str, int | None]:
-    """The settings of ``SETTINGS`` a run's config table gives (None where it has none)."""
-    return {name: int(config[name]) if config.get(name, "").isdigit() else None
-            for name in SETTINGS}
+    """The settings of ``SETTINGS`` a run's config table gives, those its algorithm reads
+    (None where it has none: a config table lists every algorithm's settings)."""
+    read = ON_POLICY_SETTINGS if is_on_policy(config.get("algo", "")) else OFF_POLICY_SETTINGS
+    return {name: int(config[name]) if name in read and config.get(name, "").isdigit()
+            else None for name in SETTINGS}
 
 
 def read_group(path: Path) -> GroupResult:
@@ -298,9 +318,9 @@ def _read_group_rows(results_dir: Path) -> dict[tuple[str, str], dict[str, str]]
         return {}
     with path.open(newline="") as file:
         reader = csv.DictReader(file)
-        # A file written before the settings were kept: its rows have none, timed from the
-        # first event.
-        if reader.fieldnames not in (GROUP_FIELDS, OLD_GROUP_FIELDS):
+        # A file written before the settings (or the on-policy ones) were kept: its rows have
+        # none, timed from the first event.
+        if reader.fieldnames not in (GROUP_FIELDS, OFF_POLICY_GROUP_FIELDS, OLD_GROUP_FIELDS):
             raise ResultsError(f"{path}: expected the columns {','.join(GROUP_FIELDS)}")
         return {(row["env_id"], row["algo"]): {"timed_from": "first event", **row}
                 for row in reader}

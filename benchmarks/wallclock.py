@@ -248,7 +248,8 @@ get there). *Env steps then*: the group's env step (per seed) when the IQM got t
 where it ended sooner (its result is ready then), with its 95% bootstrap interval over seeds.
 *Env steps/s*: all seeds' env steps over the wall time. *Gradient samples/s*: the rows
 sampled for critic updates by all seeds, batch size x updates per step x (steps - learning
-starts) / envs per seed x seeds, over the wall time, from each run's config as `groups.csv`
+starts) / envs per seed x seeds (PPO: the rows of each full rollout, envs x steps per rollout,
+x epochs x rollouts x seeds), over the wall time, from each run's config as `groups.csv`
 keeps it.
 """
 

@@ -182,3 +182,73 @@ def test_a_run_that_cannot_be_read_is_one_line(runs: dict[str, Path], tmp_path: 
     assert table.main(["collect", *map(str, paths), "--results", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("table.py: error: ") and err.endswith(message) and "\n" not in err
+
+
+def write_group(folder: Path, env_id: str, algo: str, finals: dict[int, float],
+                settings: dict[str, int], steps: int, seconds: float) -> None:
+    """A seed group's folder by hand: each seed's run (its config with ``settings``) with 10
+    episodes of return ``finals[seed]`` up to ``steps``, and the aggregate run whose events
+    span ``seconds`` (the group's wall time)."""
+    extra = "".join(f"\n| {key} | {value} |" for key, value in settings.items())
+    for seed, level in finals.items():
+        writer = SummaryWriter(str(folder / f"seed_{seed}"))
+        writer.add_text("hyperparameters", config_table(env_id, algo, seed) + extra)
+        for i in range(10):
+            writer.add_scalar("charts/episodic_return", level, steps * (i + 1) // 10)
+        writer.close()
+    writer = SummaryWriter(str(folder / "aggregate"))
+    start = time.time()
+    writer.add_scalar("charts/SPS", 0.0, 0, walltime=start)
+    writer.add_scalar("charts/SPS", 0.0, steps, walltime=start + seconds)
+    writer.close()
+
+
+def test_a_ppo_group_is_judged_against_ppos_references(tmp_path: Path) -> None:
+    """PPO and SAC on HalfCheetah, against the shipped references.csv: each group's row cites
+    its own algorithm's references (PPO: CleanRL's ppo_continuous_action, 1,442.64 ± 46.03),
+    the wall-clock table times each to its own, and PPO's gradient samples count its epochs
+    over its rollouts (its config table also lists the off-policy settings, at their defaults,
+    which groups.csv leaves out)."""
+    table, results = load("table"), load("results")
+    # Every run's config table lists every algorithm's settings.
+    settings = {"num_envs": 1, "batch_size": 256, "updates_per_step": 1,
+                "learning_starts": 5000, "num_steps": 2048, "num_minibatches": 32,
+                "update_epochs": 10}
+    # 50 rollouts of 1 env x 2,048 steps, 10 epochs of 32 minibatches each, 3 seeds, 100 s.
+    write_group(tmp_path / "ppo", "HalfCheetah-v5", "ppo", {1: 1500.0, 2: 1400.0, 3: 1380.0},
+                settings, 102_400, 100.0)
+    write_group(tmp_path / "sac", "HalfCheetah-v5", "sac", {1: 9000.0, 2: 9500.0},
+                settings, 102_400, 100.0)
+    out = tmp_path / "results"
+    assert table.main(["collect", str(tmp_path / "ppo"), str(tmp_path / "sac"),
+                       "--results", str(out)]) == 0
+    groups = {g.algo: g for g in results.load_results(out)}
+    assert groups["ppo"].updates_per_seed == 50 * 10 * 32
+    assert groups["ppo"].gradient_samples == 3 * 50 * 10 * 2048  # minibatches of 64 rows
+    # The off-policy count: (102,400 - 5,000) iterations x 256 rows, for 2 seeds.
+    assert groups["sac"].gradient_samples == 2 * 97_400 * 256
+    assert table.main(["report", "--results", str(out), "--references",
+                       str(table.DEFAULT_REFERENCES)]) == 0
+
+    def cells(name: str, algo: str) -> list[str]:
+        (row,) = [r for r in (out / name).read_text().splitlines() if f"| {algo} |" in r]
+        return [cell.strip() for cell in row.strip("|").split("|")]
+
+    ppo = cells("table.md", "PPO")
+    assert ppo[5] == "CleanRL (HalfCheetah-v4): 1,443 ± 46"
+    # Within range of PPO's: a mean of 1,427 >= 1,442.64 - 46.03 (SAC's would say no).
+    assert ppo[6] == "yes"
+    sac = cells("table.md", "SAC")
+    assert sac[5].startswith("CleanRL (HalfCheetah-v2): 9,635 ± 1,424<br>SB3 zoo")
+    clock = cells("wallclock.md", "PPO")
+    assert clock[3] == "1,443, CleanRL (HalfCheetah-v4)"
+    assert clock[9] == f"{3 * 50 * 10 * 2048 / 100 / 1e6:,.2f} M"  # 0.31 M rows/s
+    assert cells("wallclock.md", "SAC")[3] == "9,635, CleanRL (HalfCheetah-v2)"
+    # The IQM of three seeds keeps them all: their mean.
+    assert (out / "summary.md").read_text().splitlines()[2] == (
+        "| HalfCheetah-v5 | 1,427 (1,443) | 9,250 (9,635) |")
+    # groups.csv keeps the settings each algorithm reads.
+    assert groups["ppo"].settings == {"num_envs": 1, "batch_size": None,
+                                      "updates_per_step": None, "learning_starts": None,
+                                      "num_steps": 2048, "num_minibatches": 32,
+                                      "update_epochs": 10}

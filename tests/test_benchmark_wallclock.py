@@ -76,8 +76,10 @@ def test_a_group_records_its_launch_and_collect_times_its_episodes(
     (group,) = results.load_results(tmp_path / "results")
     assert group.timed_from == "launch" and not group.estimated
     assert 100 <= group.wall_s < 400
+    # PPO's settings, in every run's config table, are not SAC's: not kept.
     assert group.settings == {"num_envs": 1, "batch_size": 16, "updates_per_step": 1,
-                              "learning_starts": 100}
+                              "learning_starts": 100, "num_steps": None, "num_minibatches": None,
+                              "update_epochs": None}
     for curve in group.curves:
         assert list(curve.steps) == [200, 400, 600]
         assert 100 <= curve.seconds[0] <= curve.seconds[1] <= curve.seconds[2] <= group.wall_s
