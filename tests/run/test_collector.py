@@ -203,3 +203,25 @@ def test_obs_norm_counts_each_steps_finite_observations(seeds: int) -> None:
     np.testing.assert_allclose(normalizer.var, [rows.var(0) for rows in expected], rtol=1e-12)
     ring = buffer.storage if seeds > 1 else buffer.storage[None]
     assert np.abs(ring[:, :8, 2].numpy()).max() > 1.5  # raw angular velocities in the ring
+
+
+def test_learning_is_due_once_past_learning_starts_with_a_batch_stored() -> None:
+    """2 envs, --learning-starts 4, --batch-size 4: the iteration at step 2 (it ends at
+    step 4) is not past learning_starts; the one at step 4 is, and its check first stores
+    the last transition (rows 3 and 4), so it finds a batch.
+    The summary's counterpart: updates were due past learning_starts; the rows stored are the
+    buffer's (the transition of step 4's iteration waits for the next step)."""
+    from rl_graphstep.settings.config import Config
+
+    cfg = Config(env_id="Pendulum-v1", num_envs=2, learning_starts=4, batch_size=4)
+    envs = make_vec_env("Pendulum-v1", num_envs=2, seed=0)
+    buffer = ReplayBuffer(100, 3, 1, "cpu")
+    made = Collector(envs, first_reset(envs, 0), buffer, NonFiniteTally("Pendulum-v1"))
+    try:
+        for step in (0, 2, 4):
+            assert made.learning_due(step, cfg) == (step == 4), step
+            made.step(step, explore=False, update=None)
+        assert len(buffer) == 4 and made.stored() == 4
+        assert [made.updates_due(step, cfg) for step in (4, 6)] == [False, True]
+    finally:
+        envs.close()
