@@ -98,6 +98,21 @@ def test_a_nan_from_one_env_skips_its_seeds_rollout_and_leaves_the_other_seed_be
     check_one_nan(tmp_path, part, at, what, transitions, skipped, "--device", "cpu", norm_adv)
 
 
+@pytest.mark.parametrize(("part", "at", "what", "transitions", "skipped"), CASES[:2])
+def test_with_the_normalisers_the_nan_is_never_counted_into_them(
+        part: str, at: int, what: str, transitions: int, skipped: int, tmp_path: Path) -> None:
+    """--obs-norm and --reward-norm (per-seed statistics): the same counts and skips, seed 1
+    as without the NaN, and every statistic finite (a NaN reward's env keeps a NaN running
+    return until its episode ends, counted into nothing: the reward normaliser's own rule)."""
+    check_one_nan(tmp_path, part, at, what, transitions, skipped, "--device", "cpu",
+                  "--obs-norm", "--reward-norm")
+    state = load_checkpoint(tmp_path / "poisoned")
+    observations, rewards = state["obs_normalizer"], state["reward_normalizer"]
+    statistics = [observations[name] for name in ("count", "mean", "var")]
+    statistics += [rewards[name] for name in ("count", "mean", "var")]
+    assert all(torch.isfinite(t.double()).all() for t in statistics)
+
+
 def check_one_nan(tmp_path: Path, part: str, at: int, what: str, transitions: int,
                   skipped: int, *args: str) -> None:
     """Seed 2's env 0 returns a NaN ``part`` at its step ``at``: ``transitions`` counted,
