@@ -29,18 +29,12 @@ def ray_stub(monkeypatch: pytest.MonkeyPatch) -> Callable[[Callable[[], None]], 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=["term", "hup"])
 def test_a_stop_signal_is_a_ctrl_c_noted_by_its_name(
         signum: int, ray_stub: Callable[[Callable[[], None]], None]) -> None:
-    # A suite started under nohup inherits an ignored SIGHUP, which stays ignored (the test
-    # below): this one is about a signal that would stop the process.
-    inherited = signal.signal(signum, signal.SIG_DFL)
-    try:
-        before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
-        stopped: list[int] = []
-        with pytest.raises(KeyboardInterrupt), started_ray(None, stopped):
-            signal.raise_signal(signum)
-        assert stopped == [signum]
-        assert {s: signal.getsignal(s) for s in before} == before
-    finally:
-        signal.signal(signum, inherited)
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    stopped: list[int] = []
+    with pytest.raises(KeyboardInterrupt), started_ray(None, stopped):
+        signal.raise_signal(signum)
+    assert stopped == [signum]
+    assert {s: signal.getsignal(s) for s in before} == before
 
 
 def test_a_stop_signal_while_ray_starts_waits_for_it(
