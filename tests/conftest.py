@@ -1,7 +1,7 @@
-"""Shared test set-up: one intra-op thread, `cuda` tests skip cleanly on a machine without a
-GPU, a `torch_threads` fixture, a `children` fixture (processes a test starts, ended with it:
-processtools), and `slow` tests (minutes of training) run without the stack dump of
-`faulthandler_timeout`."""
+"""Shared test set-up: one intra-op thread, the stop signals not ignored, `cuda` tests skip
+cleanly on a machine without a GPU, a `torch_threads` fixture, a `children` fixture (processes
+a test starts, ended with it: processtools), and `slow` tests (minutes of training) run without
+the stack dump of `faulthandler_timeout`."""
 
 from __future__ import annotations
 
@@ -25,6 +25,18 @@ def pytest_configure(config: pytest.Config) -> None:
     # training (rl_graphstep/run/threads.py). A count the user set in the environment is kept.
     if not user_chose_threads():
         torch.set_num_threads(1)
+    stop_signals_as_from_a_terminal()
+
+
+def stop_signals_as_from_a_terminal() -> None:
+    """The suite's stop signals act as in a terminal, whatever started it: a shell's
+    background job inherits an ignored SIGINT and ``nohup`` an ignored SIGHUP, and a run
+    keeps an ignored signal ignored by design, so the tests that stop a run in this process
+    would find nothing to stop it. (The tests of ignored signals ignore them themselves.)"""
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is signal.SIG_IGN:
+            signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT
+                          else signal.SIG_DFL)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
