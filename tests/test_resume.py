@@ -17,6 +17,7 @@ import pytest
 import torch
 from fakes import assert_same_state
 from processtools import Children, run
+from resumetools import straight_and_halves
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rl_graphstep.run.checkpoint import (
@@ -40,11 +41,7 @@ SMALL = ["--env", "Pendulum-v1", "--device", "cpu", "--learning-starts", "200",
 @pytest.mark.parametrize("algo", ["sac", "td3"])
 def test_resume_continues_bit_for_bit(algo: str, tmp_path: Path) -> None:
     args = [*SMALL, "--algo", algo, "--log-dir", str(tmp_path)]
-    train(load_config([*args, "--total-timesteps", "800", "--run-name", "straight"]))
-    train(load_config([*args, "--total-timesteps", "400", "--run-name", "halves"]))
-    assert main(["--resume", str(tmp_path / "halves"), "--total-timesteps", "800"]) == 0
-    straight = load_checkpoint(tmp_path / "straight")
-    halves = load_checkpoint(tmp_path / "halves")
+    straight, halves = straight_and_halves(tmp_path, args, 800, 400)
     assert straight["global_step"] == halves["global_step"] == 800
     assert straight["agent"]["updates"] == 600
     assert_same_state(straight["agent"], halves["agent"])
@@ -56,11 +53,7 @@ def test_a_seed_group_resumes_bit_for_bit(tmp_path: Path) -> None:
     straight to 800 does: every seed's learning state, returns and tallies."""
     args = [*SMALL, "--num-seeds", "2", "--hidden-sizes", "16", "16", "--log-dir",
             str(tmp_path)]
-    train(load_config([*args, "--total-timesteps", "800", "--run-name", "straight"]))
-    train(load_config([*args, "--total-timesteps", "400", "--run-name", "halves"]))
-    assert main(["--resume", str(tmp_path / "halves"), "--total-timesteps", "800"]) == 0
-    straight = load_checkpoint(tmp_path / "straight")
-    halves = load_checkpoint(tmp_path / "halves")
+    straight, halves = straight_and_halves(tmp_path, args, 800, 400)
     assert straight["global_step"] == halves["global_step"] == 800
     assert straight["agent"]["critic"]["stacked.weights.0"].shape[0] == 2
     assert_same_state(straight["agent"], halves["agent"])

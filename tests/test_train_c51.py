@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 from fakes import assert_same_state
+from resumetools import straight_and_halves
 
 from rl_graphstep.evaluate import evaluate
-from rl_graphstep.run.checkpoint import load_checkpoint
 from rl_graphstep.run.flags import load_config
 from rl_graphstep.train import main, train
 
@@ -27,10 +27,7 @@ ARGS = ["--env", "Pendulum-v1", "--device", "cpu", "--learning-starts", "200",
 def test_a_c51_run_trains_resumes_bit_for_bit_and_evaluates(algo: str, seeds: int,
                                                             tmp_path: Path) -> None:
     args = [*ARGS, "--algo", algo, "--num-seeds", str(seeds), "--log-dir", str(tmp_path)]
-    train(load_config([*args, "--total-timesteps", "500", "--run-name", "straight"]))
-    train(load_config([*args, "--total-timesteps", "350", "--run-name", "halves"]))
-    assert main(["--resume", str(tmp_path / "halves"), "--total-timesteps", "500"]) == 0
-    straight, halves = (load_checkpoint(tmp_path / name) for name in ("straight", "halves"))
+    straight, halves = straight_and_halves(tmp_path, args, 500, 350)
     assert straight["global_step"] == halves["global_step"] == 500
     assert straight["agent"]["updates"] == 300
     assert_same_state(straight["agent"], halves["agent"])

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from fakes import assert_same_state
+from resumetools import straight_and_halves
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rl_graphstep.core.errors import TrainingInterrupted
@@ -99,10 +100,7 @@ def test_resume_at_a_rollout_boundary_continues_bit_for_bit(env: str, seeds: str
     rate follows the run's --total-timesteps, which the two halves' first part had lower."""
     args = ["--env", env, *SMALL, "--num-seeds", seeds, "--no-anneal-lr", "--log-dir",
             str(tmp_path)]
-    train(load_config([*args, "--total-timesteps", "128", "--run-name", "straight"]))
-    train(load_config([*args, "--total-timesteps", "64", "--run-name", "halves"]))
-    assert main(["--resume", str(tmp_path / "halves"), "--total-timesteps", "128"]) == 0
-    straight, halves = (load_checkpoint(tmp_path / name) for name in ("straight", "halves"))
+    straight, halves = straight_and_halves(tmp_path, args, 128, 64)
     assert straight["global_step"] == halves["global_step"] == 128
     assert straight["agent"]["updates"] == 4
     assert_same_state(straight["agent"], halves["agent"])

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from resumetools import straight_and_halves
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rl_graphstep.evaluate import evaluate
@@ -55,10 +56,7 @@ def test_a_captured_run_resumes_at_a_rollout_boundary_as_it_went_on(env: str,
     saved with the checkpoint, where shared workers' episodes would restart)."""
     args = ["--env", env, *BASE, "--no-anneal-lr", "--vec-env", "sync", "--log-dir",
             str(tmp_path)]
-    train(load_config([*args, "--total-timesteps", "1024", "--run-name", "straight"]))
-    train(load_config([*args, "--total-timesteps", "512", "--run-name", "halves"]))
-    assert main(["--resume", str(tmp_path / "halves"), "--total-timesteps", "1024"]) == 0
-    straight, halves = (load_checkpoint(tmp_path / n) for n in ("straight", "halves"))
+    straight, halves = straight_and_halves(tmp_path, args, 1024, 512)
     for name, tensor in straight["agent"]["actor"].items():
         assert torch.equal(tensor, halves["agent"]["actor"][name]), name
 

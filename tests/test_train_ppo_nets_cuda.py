@@ -13,6 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from resumetools import straight_and_halves
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from torch import Tensor
 
@@ -22,7 +23,7 @@ from rl_graphstep.evaluate import evaluate
 from rl_graphstep.networks.policies import GaussianActor
 from rl_graphstep.run.checkpoint import load_checkpoint
 from rl_graphstep.run.flags import load_config
-from rl_graphstep.train import main, train
+from rl_graphstep.train import train
 
 pytestmark = pytest.mark.cuda
 
@@ -65,10 +66,7 @@ def test_a_captured_run_with_a_custom_actor_resumes_as_it_went_on(tmp_path: Path
     """As tests/test_train_ppo_cuda.py's resume (--no-anneal-lr, --vec-env sync)."""
     args = ["--env", "Pendulum-v1", *BASE, "--actor", ACTORS["Pendulum-v1"],
             "--no-anneal-lr", "--vec-env", "sync", "--log-dir", str(tmp_path)]
-    train(load_config([*args, "--total-timesteps", "1024", "--run-name", "straight"]))
-    train(load_config([*args, "--total-timesteps", "512", "--run-name", "halves"]))
-    assert main(["--resume", str(tmp_path / "halves"), "--total-timesteps", "1024"]) == 0
-    straight, halves = (load_checkpoint(tmp_path / n) for n in ("straight", "halves"))
+    straight, halves = straight_and_halves(tmp_path, args, 1024, 512)
     for role in ("actor", "critic"):
         for name, tensor in straight["agent"][role].items():
             assert torch.equal(tensor, halves["agent"][role][name]), name
