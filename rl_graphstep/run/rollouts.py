@@ -118,10 +118,11 @@ class RolloutCollector:
         shape = (self.num_envs,) if self.seeds == 1 else (self.seeds, self.num_envs)
         return tensor.reshape(*shape, *tensor.shape[1:])
 
-    def _observed(self, array: np.ndarray) -> Tensor:
-        """(K*N, O) host observations as the learner sees them: normalised with the current
-        statistics under ``--obs-norm`` (counting nothing), else as they are."""
-        tensor = self._tensor(array)
+    def _observed(self, safe: np.ndarray) -> Tensor:
+        """(K*N, O) host observations, non-finite rows already zeros (:func:`policy_inputs`),
+        as the learner sees them: normalised with the current statistics under
+        ``--obs-norm`` (counting nothing), else as they are."""
+        tensor = self._tensor(safe)
         return tensor if self.normalizer is None else self.normalizer.normalize(tensor)
 
     def _env_actions(self, actions: Tensor) -> np.ndarray:
@@ -139,10 +140,10 @@ class RolloutCollector:
         rewards, terminations and truncations. ``global_step`` and ``explore``: as the
         off-policy collector takes them (PPO always acts with its policy)."""
         del explore
+        safe, unsafe = policy_inputs(self.observations)
         if self.normalizer is not None:  # counted before the policy acts on them
-            self.normalizer.update(self.observations,
-                                   np.isfinite(self.observations).all(axis=1))
-        observations = self._safe_observed(self.observations)
+            self.normalizer.update(self.observations, None if unsafe is None else ~unsafe)
+        observations = self._observed(safe)
         actions, log_probs, values = self.learner.act(observations)
         env_actions = self._env_actions(actions)
         self._stepper.start(env_actions)
@@ -150,7 +151,7 @@ class RolloutCollector:
         final_observations = true_next_observations(next_observations, infos)
         finite = self._checked(global_step, env_actions, rewards, final_observations)
         # The final observations' values bootstrap truncated episodes (read only there).
-        final_values = (self.learner.values(self._safe_observed(final_observations))
+        final_values = (self.learner.values(self._observed(policy_inputs(final_observations)[0]))
                         if np.any(truncations) else torch.zeros_like(values))
         learned = (rewards if self.reward_normalizer is None
                    else self.reward_normalizer.scale(rewards, terminations, truncations))
@@ -161,7 +162,7 @@ class RolloutCollector:
         self.observations = next_observations
         self.updated = self.rollout.full
         if self.updated and update is not None:
-            update(self.learner.values(self._safe_observed(next_observations)))
+            update(self.learner.values(self._observed(policy_inputs(next_observations)[0])))
         return rewards, terminations, truncations
 
     def _checked(self, global_step: int, env_actions: np.ndarray, rewards: np.ndarray,
@@ -181,10 +182,6 @@ class RolloutCollector:
             if not seed_finite.all():
                 self.rollout.exclude(seed)
         return False
-
-    def _safe_observed(self, observations: np.ndarray) -> Tensor:
-        """:meth:`_observed` of observations with a non-finite one's row as zeros."""
-        return self._observed(policy_inputs(observations)[0])
 
     def flush(self, global_step: int) -> None:
         """Nothing waits to be stored: every step is in the rollout when ``step`` returns."""
