@@ -92,8 +92,7 @@ def resumed_config(cfg: Config, saved: dict[str, Any], run_dir: Path) -> tuple[C
             f"resumed run {display_path(str(run_dir))} ({' '.join(map(str, run.seed_list))}): a "
             "run resumes with its own seeds; build the config with load_config(['--resume', "
             "RUN, ...]), which starts from the run's own")
-    problem = (_temperature_problem(cfg, run) or _obs_norm_problem(cfg, run)
-               or _reward_norm_problem(cfg, run) or _layer_norm_problem(cfg, run)
+    problem = (_temperature_problem(cfg, run) or _switch_problem(cfg, run)
                or _critic_support_problem(cfg, run))
     if problem:
         raise ConfigError(problem)
@@ -121,35 +120,30 @@ def _temperature_problem(cfg: Config, run: Config) -> str | None:
     return None
 
 
-def _obs_norm_problem(cfg: Config, run: Config) -> str | None:
-    """Why a resumed run cannot take ``cfg``'s ``--obs-norm``, or None: its networks learned
-    on observations as they were (raw, or normalised by statistics it goes on counting)."""
-    if cfg.obs_norm == run.obs_norm:
-        return None
-    given, own = (("--obs-norm", "trained on raw observations") if cfg.obs_norm
-                  else ("--no-obs-norm", "trained on normalised observations (--obs-norm)"))
-    return f"{given} does not match: the resumed run {own}; drop {given}"
+# Switches a run cannot change on resume, and what the resumed run did without and with
+# each: --obs-norm and --reward-norm, its networks learned on observations and rewards as they
+# were (raw, or scaled by statistics it goes on counting); --layer-norm decides the
+# networks' layers, which the checkpoint's weights fill.
+FIXED_SWITCHES = {
+    "obs_norm": ("the resumed run trained on raw observations",
+                 "the resumed run trained on normalised observations (--obs-norm)"),
+    "reward_norm": ("the resumed run learned from raw rewards",
+                    "the resumed run learned from scaled rewards (--reward-norm)"),
+    "layer_norm": ("the resumed run's networks have no LayerNorm",
+                   "the resumed run's networks have LayerNorms (--layer-norm)"),
+}
 
 
-def _reward_norm_problem(cfg: Config, run: Config) -> str | None:
-    """Why a resumed PPO run cannot take ``cfg``'s ``--reward-norm``, or None: its critic
-    learned the returns of rewards as they were (raw, or scaled by statistics it goes on
-    counting)."""
-    if cfg.reward_norm == run.reward_norm:
-        return None
-    given, own = (("--reward-norm", "learned from raw rewards") if cfg.reward_norm
-                  else ("--no-reward-norm", "learned from scaled rewards (--reward-norm)"))
-    return f"{given} does not match: the resumed run {own}; drop {given}"
-
-
-def _layer_norm_problem(cfg: Config, run: Config) -> str | None:
-    """Why a resumed run cannot take ``cfg``'s ``--layer-norm``, or None: it decides the
-    networks' layers, which the checkpoint's weights fill."""
-    if cfg.layer_norm == run.layer_norm:
-        return None
-    given, own = (("--layer-norm", "networks have no LayerNorm") if cfg.layer_norm
-                  else ("--no-layer-norm", "networks have LayerNorms (--layer-norm)"))
-    return f"{given} does not match: the resumed run's {own}; drop {given}"
+def _switch_problem(cfg: Config, run: Config) -> str | None:
+    """Why a resumed run cannot take ``cfg``'s value of a switch of FIXED_SWITCHES, or
+    None."""
+    for name, (without, with_) in FIXED_SWITCHES.items():
+        if getattr(cfg, name) != getattr(run, name):
+            flag = flag_of(name)
+            given = flag if getattr(cfg, name) else f"--no-{flag[2:]}"
+            return (f"{given} does not match: {with_ if getattr(run, name) else without}; "
+                    f"drop {given}")
+    return None
 
 
 def _shown(value: Any) -> str:
