@@ -290,8 +290,8 @@ def make_networks(algorithm: type[OffPolicyAlgorithm], cfg: Config, observation_
                        default_actor=actor is None, default_critic=critic is None,
                        num_critics=algorithm.num_critics)
     with allocation_errors(device):
-        actor_net, critic_net = _build_networks(algorithm, cfg, observation_space,
-                                                action_space, device, actor, critic)
+        actor_net, critic_net = build_networks(algorithm, cfg, observation_space,
+                                               action_space, device, actor, critic)
     sizes = {"observation_size": observation_space.shape[0],
              "action_size": action_space.shape[0], "device": device}
     check_actor(actor_net, kind=algorithm.actor_kind, **sizes)
@@ -300,9 +300,12 @@ def make_networks(algorithm: type[OffPolicyAlgorithm], cfg: Config, observation_
     return actor_net, critic_net
 
 
-def _build_networks(algorithm: type[OffPolicyAlgorithm], cfg: Config, observation_space: gym.Space,
-                    action_space: gym.Space, device: torch.device, actor: NetworkSpec | None,
-                    critic: NetworkSpec | None) -> tuple[nn.Module, nn.Module]:
+def build_networks(algorithm: Any, cfg: Config, observation_space: gym.Space,
+                   action_space: gym.Space, device: torch.device, actor: NetworkSpec | None,
+                   critic: NetworkSpec | None) -> tuple[nn.Module, nn.Module]:
+    """The actor and critic on ``device``, unchecked: ``actor``/``critic`` built from their
+    class or spec with ``cfg``'s kwargs (a built module as it is), else ``algorithm``'s
+    ``default_actor``/``default_critic`` (any algorithm class, PPO's included)."""
     actor_net = (build_network(actor, observation_space, action_space, cfg.actor_kwargs,
                                role="actor") if actor is not None
                  else algorithm.default_actor(observation_space, action_space, cfg))

@@ -17,10 +17,10 @@ from rl_graphstep.core.errors import ConfigError
 from rl_graphstep.core.netcheck import forked_rng
 from rl_graphstep.core.ppocheck import check_ppo_actor, check_value_network
 from rl_graphstep.data.memory import allocation_errors
-from rl_graphstep.networks.custom import NetworkSpec, build_network, load_network_classes
+from rl_graphstep.networks.custom import NetworkSpec, load_network_classes
 from rl_graphstep.networks.policies import CategoricalActor, GaussianActor
 from rl_graphstep.networks.seeds import SeedStack, check_batchable, stack_pairs
-from rl_graphstep.run.netspec import refuse_built_for_group
+from rl_graphstep.run.netspec import build_networks, refuse_built_for_group
 from rl_graphstep.settings.config import Config
 
 __all__ = ["make_ppo_networks"]
@@ -48,14 +48,8 @@ def make_ppo_networks(algorithm: Any, cfg: Config, seeds: Sequence[int],
 
     def pair(_seed: int | None = None) -> tuple[nn.Module, nn.Module]:
         with allocation_errors(device):
-            actor_net = (build_network(actor, observation_space, action_space,
-                                       cfg.actor_kwargs, role="actor") if actor is not None
-                         else algorithm.default_actor(observation_space, action_space, cfg))
-            critic_net = (build_network(critic, observation_space, action_space,
-                                        cfg.critic_kwargs, role="critic")
-                          if critic is not None
-                          else algorithm.default_critic(observation_space, action_space, cfg))
-            actor_net, critic_net = actor_net.to(device), critic_net.to(device)
+            actor_net, critic_net = build_networks(algorithm, cfg, observation_space,
+                                                   action_space, device, actor, critic)
         check_ppo_actor(actor_net, action_size=1 if discrete else int(action_space.shape[0]),
                         num_actions=int(action_space.n) if discrete else 0, **sizes)
         check_value_network(critic_net, **sizes)
