@@ -20,32 +20,17 @@ from collections.abc import Sequence
 
 import gymnasium as gym
 import torch
-from learner import built_learner
 from recipes import parse_arm
-from throughput import synchronize, time_updates
+from throughput import build_update, time_updates
 
 from rl_graphstep.run.flags import load_config
 from rl_graphstep.settings.config import Config
-from rl_graphstep.settings.plan import matmul_precision
 from rl_graphstep.train import train
 
 
 def flags_of(device: str) -> list[str]:
     """Compiled graphs on CUDA, the eager loop elsewhere."""
     return ["--graph", "on", "--compile", "on"] if device == "cuda" else ["--graph", "off"]
-
-
-def update_us(cfg: Config, updates: int) -> float:
-    """µs per update of ``cfg``'s learner, built as the loop builds it, after 20 updates."""
-    env = gym.make(cfg.env_id)
-    device = torch.device(cfg.device)
-    with matmul_precision(cfg.tf32):  # a captured graph keeps the kernels chosen here
-        learner = built_learner(cfg, env.observation_space, env.action_space, device)
-        for _ in range(20):
-            learner.update()
-        synchronize(device)
-    env.close()
-    return time_updates(learner, updates)
 
 
 def critic_parameters(cfg: Config) -> int:
@@ -77,15 +62,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(error))
     rows = []
     for arm in arms:
-        base = ["--env", args.env, "--device", args.device, *flags_of(args.device),
-                "--num-seeds", str(args.num_seeds), *arm.flags]
+        base = ["--device", args.device, *flags_of(args.device), "--num-seeds",
+                str(args.num_seeds), *arm.flags]
         with tempfile.TemporaryDirectory() as log_dir:
             summary = train(load_config([
-                *base, "--total-timesteps", str(args.steps), "--learning-starts",
+                "--env", args.env, *base, "--total-timesteps", str(args.steps), "--learning-starts",
                 str(args.learning_starts), "--buffer-size", str(args.steps), "--log-dir",
                 log_dir, "--no-progress"]))
-        cfg = load_config(base)
-        us = update_us(cfg, args.updates)
+        learner = build_update(args.env, base, torch.device(args.device))
+        cfg, us = learner.cfg, time_updates(learner, args.updates)
         rows.append((arm.name, critic_parameters(cfg), cfg.batch_size, cfg.policy_frequency,
                      us, summary["learning_sps"]))
         print(f"{arm.name}: {us:,.0f} µs per update, {summary['learning_sps']:,.0f} env steps/s",
