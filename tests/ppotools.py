@@ -93,3 +93,41 @@ def optimizer_state(learner: OnPolicyLearner) -> list[Tensor]:
     return [value.detach().clone()
             for optimizer in (learner.actor_optimizer, learner.critic_optimizer)
             for state in optimizer.state.values() for value in state.values()]
+
+
+def check_acting(learner: OnPolicyLearner) -> None:
+    """``act_in_envs`` for a whole rollout of random host observations: the actions it returns
+    are the ones the rollout's rows got, each row holds its step's observations, the
+    log-probability the actor gives its action and the critic's value, every step draws
+    fresh actions (a replayed graph samples anew), and the device's step count has come
+    round to the first row again."""
+    rollout, seeds, envs = learner.rollout, learner.seeds, learner.rollout.num_envs
+    steps = rollout.num_steps
+    rng = np.random.default_rng(0)
+    returned = []
+    for _ in range(steps):
+        observations = rng.uniform(-1, 1, (seeds * envs, 2))
+        returned.append((observations, learner.act_in_envs(observations).copy()))
+        rollout.record(np.zeros(seeds * envs), np.zeros(seeds * envs), np.zeros(seeds * envs),
+                       None)
+    assert rollout.full and int(rollout.position) == 0
+    actor, critic = learner.algorithm.actor, learner.algorithm.critic
+    rows = rollout.rows[:, :steps].cpu()  # (K, t, N, W)
+    layout = rollout.layout
+    for t, (observations, actions) in enumerate(returned):
+        row = rows[:, t].reshape(seeds * envs, -1)
+        np.testing.assert_allclose(row[:, layout.observations].numpy(), observations,
+                                   rtol=1e-6, atol=1e-6)
+        np.testing.assert_array_equal(row[:, layout.actions].numpy(), actions)
+        shape = (*learner.seed_shape, envs)
+        on_device = row.to(learner.device)
+        with torch.no_grad():
+            log_probs, _ = actor.log_prob_and_entropy(
+                on_device[:, layout.observations].reshape(*shape, 2),
+                on_device[:, layout.actions].reshape(*shape, -1))
+            values = critic(on_device[:, layout.observations].reshape(*shape, 2))
+        torch.testing.assert_close(row[:, layout.log_probs], log_probs.reshape(-1).cpu(),
+                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(row[:, layout.values], values.reshape(-1).cpu(),
+                                   rtol=1e-5, atol=1e-5)
+    assert not np.array_equal(returned[0][1], returned[1][1])

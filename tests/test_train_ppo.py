@@ -141,11 +141,11 @@ def test_rollout_collector_clips_gaussian_actions_and_passes_discrete_indices() 
     collector.seeds, collector.num_envs = 1, 3
     collector.discrete, collector._dtype = False, np.dtype(np.float32)
     collector._low, collector._high = np.array([-2.0], np.float32), np.array([2.0], np.float32)
-    env_actions = collector._env_actions(torch.tensor([[-5.0], [0.5], [3.0]]))
+    env_actions = collector._env_actions(np.array([[-5.0], [0.5], [3.0]], np.float32))
     np.testing.assert_array_equal(env_actions, [[-2.0], [0.5], [2.0]])
     assert env_actions.dtype == np.float32
     collector.discrete, collector._dtype = True, np.dtype(np.int64)
-    indices = collector._env_actions(torch.tensor([[1.0], [0.0], [1.0]]))
+    indices = collector._env_actions(np.array([[1.0], [0.0], [1.0]], np.float32))
     assert indices.tolist() == [1, 0, 1] and indices.dtype == np.int64
 
 
@@ -156,21 +156,21 @@ def test_the_rollout_keeps_the_unclipped_sample(tmp_path: Path,
     from rl_graphstep.run import rollouts
 
     seen: list[np.ndarray] = []
-    stored: list[torch.Tensor] = []
+    stored: list[np.ndarray] = []
     original = rollouts.RolloutCollector._env_actions
 
-    def spying_env_actions(self: rollouts.RolloutCollector, actions: torch.Tensor
+    def spying_env_actions(self: rollouts.RolloutCollector, actions: np.ndarray
                            ) -> np.ndarray:
         with torch.no_grad():  # from the first action on: samples mostly beyond +-2
             self.learner.algorithm.actor.log_std.fill_(float(np.log(10.0)))
-        stored.append(actions.clone())
+        stored.append(actions.copy())  # the learner's buffer, overwritten by the next step
         seen.append(original(self, actions))
         return seen[-1]
 
     monkeypatch.setattr(rollouts.RolloutCollector, "_env_actions", spying_env_actions)
     train(load_config(["--env", "Pendulum-v1", *SMALL, "--total-timesteps", "32",
                        "--log-dir", str(tmp_path)]))
-    samples = torch.cat(stored).numpy()
+    samples = np.concatenate(stored)
     clipped = np.concatenate(seen)
     assert np.abs(samples).max() > 2.0 and np.abs(clipped).max() <= 2.0
     np.testing.assert_array_equal(clipped, np.clip(samples, -2.0, 2.0))

@@ -41,19 +41,23 @@ def test_two_seeds_count_before_acting_store_normalised_and_keep_their_own_stati
     with the statistics that count them; the rollout's rewards are the reward normaliser's,
     while the returns logged are the env's (CartPole's: an episode's length)."""
     counted: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    added: list[tuple[torch.Tensor, torch.Tensor]] = []
+    added: list[torch.Tensor] = []  # the observations each step's row got
+    recorded: list[np.ndarray] = []  # the rewards each step's record kept
     scaled: list[tuple[np.ndarray, np.ndarray]] = []
-    update, add, scale = ObservationNormalizer.update, Rollout.add, RewardNormalizer.scale
+    update, scale = ObservationNormalizer.update, RewardNormalizer.scale
+    write_acted, record = Rollout.write_acted, Rollout.record
 
     def counting(self: ObservationNormalizer, rows: np.ndarray, keep: object = None) -> None:
         update(self, rows, keep)
         counted.append((np.array(rows, dtype=np.float64), self.mean.copy(), self.var.copy()))
 
-    def adding(self: Rollout, observations: torch.Tensor, actions: torch.Tensor,
-               log_probs: torch.Tensor, values: torch.Tensor, rewards: torch.Tensor,
-               *rest: torch.Tensor) -> None:
-        added.append((observations.clone(), rewards.clone()))
-        add(self, observations, actions, log_probs, values, rewards, *rest)
+    def writing(self: Rollout, observations: torch.Tensor, *rest: torch.Tensor) -> None:
+        added.append(observations.clone())
+        write_acted(self, observations, *rest)
+
+    def recording(self: Rollout, rewards: np.ndarray, *rest: object) -> None:
+        recorded.append(np.array(rewards))
+        record(self, rewards, *rest)
 
     def scaling(self: RewardNormalizer, rewards: np.ndarray, *ends: np.ndarray) -> np.ndarray:
         out = scale(self, rewards, *ends)
@@ -61,19 +65,20 @@ def test_two_seeds_count_before_acting_store_normalised_and_keep_their_own_stati
         return out
 
     monkeypatch.setattr(ObservationNormalizer, "update", counting)
-    monkeypatch.setattr(Rollout, "add", adding)
+    monkeypatch.setattr(Rollout, "write_acted", writing)
+    monkeypatch.setattr(Rollout, "record", recording)
     monkeypatch.setattr(RewardNormalizer, "scale", scaling)
     summary = train(load_config(["--env", "CartPole-v1", *SMALL, *BOTH, "--num-seeds", "2",
                                  "--total-timesteps", "128", "--log-dir", str(tmp_path),
                                  "--run-name", "run"]))
-    assert len(counted) == len(added) == len(scaled) == 64  # 64 vector steps
-    for (rows, mean, var), (observations, _) in zip(counted, added, strict=True):
+    assert len(counted) == len(added) == len(recorded) == len(scaled) == 64  # 64 vector steps
+    for (rows, mean, var), observations in zip(counted, added, strict=True):
         by_seed = rows.reshape(2, 2, 4)  # seed k's envs are rows 2k, 2k + 1
         expected = cleanrl_form(by_seed, mean[:, None], var[:, None])
         np.testing.assert_allclose(observations.numpy(), expected, rtol=1e-5, atol=1e-5)
-    for (env_rewards, out), (_, rewards) in zip(scaled, added, strict=True):
+    for (env_rewards, out), rewards in zip(scaled, recorded, strict=True):
         assert env_rewards.tolist() == [1.0] * 4  # CartPole's reward
-        np.testing.assert_array_equal(rewards.numpy(), out.reshape(2, 2).astype(np.float32))
+        np.testing.assert_array_equal(rewards, out)
     assert not np.allclose(scaled[-1][1], 1.0)  # scaled: the returns' std is not 1
 
     saved = load_checkpoint(tmp_path / "run")

@@ -6,6 +6,12 @@ The actor step reads the first two blocks as its inputs and log-prob and advanta
 targets; the critic step reads the observation and (value, return). Rewards, terminations,
 truncations and the final observations' values only feed GAE, so they live beside the rows.
 
+A step is added in two halves, so that acting costs one launch and one host sync: what the
+policy did (:meth:`Rollout.write_acted`, device tensors into the row the device's own step
+counter points at: a CUDA graph can replay it) and what the envs returned
+(:meth:`Rollout.record`, host arrays kept on the host until the rollout is full, then copied
+to the device once for GAE).
+
 With ``--obs-norm`` and ``--reward-norm`` the rollout carries the statistics its observations
 and rewards were normalised with (``normalizer``, ``reward_normalizer``): the collector
 normalises what it adds, the checkpoint saves them, as the replay buffer carries its own.
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -70,8 +77,8 @@ class Rollout:
     with a leading seed dimension K when ``seeds`` > 1 (every tensor a caller passes or reads
     has it then, and none without it).
 
-    The loop calls :meth:`add` once per step t = 0 .. T-1 (the step index is the host's count,
-    so nothing syncs), then :meth:`compute_advantages` with the values of the observations that
+    The loop adds steps t = 0 .. T-1 (:meth:`write_acted` and :meth:`record`, or both at once
+    with :meth:`add`), then :meth:`compute_advantages` with the values of the observations that
     follow the last step. Minibatches are gathered from :attr:`flat_rows`, (K, T*N, W).
 
     Args:
@@ -94,11 +101,13 @@ class Rollout:
         shape = (seeds, num_steps, num_envs)
         # Stored always with the K dimension; what a single run sees drops it (``_view``).
         self.rows = torch.zeros(*shape, self.layout.width, device=self.device)
-        self.rewards = torch.zeros(shape, device=self.device)
-        self.terminations = torch.zeros(shape, device=self.device)
-        self.truncations = torch.zeros(shape, device=self.device)
+        # What the steps returned: rewards, terminations, truncations. Filled on the host and
+        # copied to the device once the rollout is full.
+        self._returned_host = np.zeros((3, *shape), dtype=np.float32)
+        self._returned = torch.zeros(3, *shape, device=self.device)
         self.final_values = torch.zeros(shape, device=self.device)
-        self.step = 0  # the next step to add
+        self.step = 0  # the next step to add, counted on the host
+        self.position = torch.zeros(1, dtype=torch.int64, device=self.device)  # its device twin
         # Seeds whose rollout is not learned from (a non-finite step, see exclude): on the
         # host, so that nothing syncs.
         self.excluded = [False] * seeds
@@ -136,6 +145,19 @@ class Rollout:
         return self._column(self.layout.returns)
 
     @property
+    def rewards(self) -> Tensor:
+        """(K, T, N) on the device, once :meth:`compute_advantages` has copied them there."""
+        return self._returned[0]
+
+    @property
+    def terminations(self) -> Tensor:
+        return self._returned[1]
+
+    @property
+    def truncations(self) -> Tensor:
+        return self._returned[2]
+
+    @property
     def flat_rows(self) -> Tensor:
         """Every row of the rollout, (K, T*N, W) (K = 1 included): what minibatches index."""
         return self.rows.view(self.seeds, self.num_steps * self.num_envs, self.layout.width)
@@ -152,33 +174,54 @@ class Rollout:
 
     # ------------------------------------------------------------------ filling it
 
-    @torch.no_grad()
     def add(self, observations: Tensor, actions: Tensor, log_probs: Tensor, values: Tensor,
-            rewards: Tensor, terminations: Tensor, truncations: Tensor,
-            final_values: Tensor) -> None:
-        """Store step t: the observations (…, N, O) the actions (…, N, A) were taken in, their
-        log-probabilities and values (…, N), and what the step returned: rewards,
-        terminations and truncations (…, N; bools or 0/1), and ``final_values`` (…, N), the
-        critic's values of the final observations where an episode was truncated (read only
-        there; any value elsewhere)."""
+            rewards: Tensor | np.ndarray, terminations: Tensor | np.ndarray,
+            truncations: Tensor | np.ndarray, final_values: Tensor | None) -> None:
+        """Store step t whole: :meth:`write_acted` then :meth:`record`."""
+        self._check_room()
+        self.write_acted(observations, actions, log_probs, values)
+        self.record(rewards, terminations, truncations, final_values)
+
+    @torch.no_grad()
+    def write_acted(self, observations: Tensor, actions: Tensor, log_probs: Tensor,
+                    values: Tensor) -> None:
+        """The observations (…, N, O) the actions (…, N, A) were taken in, their
+        log-probabilities and values (…, N), into the row of step :attr:`position`, which
+        then moves on: device work only, the same launches every step (a CUDA graph replays
+        it). The caller checks there is room (the host's :attr:`step`)."""
+        lead = (self.seeds, self.num_envs)
+        zeros = torch.zeros(*lead, 1, device=self.device)  # advantage and return: GAE's
+        row = torch.cat([observations.reshape(*lead, -1), actions.reshape(*lead, -1),
+                         log_probs.reshape(*lead, 1), zeros, values.reshape(*lead, 1), zeros],
+                        dim=-1)
+        self.rows.index_copy_(1, self.position, row.unsqueeze(1))
+        self.position.add_(1).remainder_(self.num_steps)
+
+    def record(self, rewards: Tensor | np.ndarray, terminations: Tensor | np.ndarray,
+               truncations: Tensor | np.ndarray, final_values: Tensor | None) -> None:
+        """What step t returned: rewards, terminations and truncations (…, N or K*N; bools or
+        0/1), kept on the host, and ``final_values`` (…, N), the critic's values of the final
+        observations where an episode was truncated (read only there; None where no episode
+        of the step was). Step t is then complete."""
+        self._check_room()
+        t = self.step
+        for index, value in enumerate((rewards, terminations, truncations)):
+            if isinstance(value, Tensor):
+                value = value.detach().cpu().numpy()
+            self._returned_host[index, :, t] = np.reshape(value, (self.seeds, self.num_envs))
+        if final_values is not None:
+            self.final_values[:, t] = final_values.reshape(self.seeds, self.num_envs)
+        self.step += 1
+
+    def _check_room(self) -> None:
         if self.step >= self.num_steps:
             raise RuntimeError(f"the rollout is full ({self.num_steps} steps); compute its "
                                "advantages and start the next one with reset()")
-        t = self.step
-        row = self.rows[:, t]
-        pieces = [(row[..., self.layout.observations], observations),
-                  (row[..., self.layout.actions], actions),
-                  (row[..., self.layout.log_probs], log_probs),
-                  (row[..., self.layout.values], values),
-                  (self.rewards[:, t], rewards), (self.terminations[:, t], terminations),
-                  (self.truncations[:, t], truncations), (self.final_values[:, t], final_values)]
-        for stored, value in pieces:
-            stored.copy_(value.reshape(stored.shape) if self.seeds == 1 else value)
-        self.step += 1
 
     def reset(self) -> None:
         """Start the next rollout (the storage is overwritten step by step)."""
         self.step = 0
+        self.position.zero_()
         self.excluded = [False] * self.seeds
 
     def exclude(self, seed: int) -> None:
@@ -196,6 +239,7 @@ class Rollout:
         if not self.full:
             raise RuntimeError(f"the rollout holds {self.step} of its {self.num_steps} steps; "
                                "fill it before computing advantages")
+        self._returned.copy_(torch.from_numpy(self._returned_host))
         values = self.rows[..., self.layout.values]
         advantages = gae(self.rewards, values, self.terminations, self.truncations,
                          self.final_values, next_values.reshape(self.seeds, self.num_envs),

@@ -28,6 +28,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -89,6 +90,7 @@ class OnPolicyLearner(StepPair):
         self._metric_sums = torch.zeros(0)  # (metrics, *seed_shape), made by build
         self._counted = torch.zeros(self.seed_shape, device=self.device)
         self.sums: MetricSums | None = None
+        self.acting_graph: torch.cuda.CUDAGraph | None = None
         self.updates = 0  # rollouts learned from over the whole run (a resumed one included)
 
     def _adam(self, params: Any) -> torch.optim.Adam:
@@ -124,6 +126,7 @@ class OnPolicyLearner(StepPair):
         names = tuple(self._minibatch_metrics())
         self._metric_names = names
         self._metric_sums = torch.zeros(len(names), *self.seed_shape, device=self.device)
+        self._build_acting()
         if self.plan.graphs and fuse:
             try:
                 self.minibatch_graph, _ = capture_graph(
@@ -173,6 +176,53 @@ class OnPolicyLearner(StepPair):
         """The critic's values (…, N) of ``observations`` (…, N, O): the rollout's, a truncated
         episode's final observation's, and the one after the rollout's last step."""
         return self.algorithm.critic(observations).squeeze(-1)
+
+    def act_in_envs(self, observations: np.ndarray) -> np.ndarray:
+        """One env step's acting: the host observations (K*N, O), non-finite rows already
+        zeros, go to the device; the policy samples actions for them (normalised first under
+        ``--obs-norm``, with the statistics current on the stream), and the rollout's next row
+        gets the observations as acted on, the actions, their log-probabilities and the
+        values. One launch with CUDA graphs, and one host sync: returns the actions (K*N, A)
+        on the host, in a buffer the next call overwrites."""
+        self._observations_host.numpy()[:] = observations
+        self._observations.copy_(self._observations_host, non_blocking=True)
+        if self.acting_graph is not None:
+            self.acting_graph.replay()
+        else:
+            self._act_into_rollout()
+        if self._acted is not None:
+            self._acted.record()
+            self._acted.synchronize()  # the actions are on the host; the staging is free
+        return self._actions_host.numpy()
+
+    def _build_acting(self) -> None:
+        """The fixed buffers of :meth:`act_in_envs` (pinned host staging on CUDA), and its
+        graph where the plan captures (its eager twin, with a warning, where that fails)."""
+        rows = self.seeds * self.rollout.num_envs
+        layout, cuda = self.rollout.layout, self.device.type == "cuda"
+        self._observations_host = torch.zeros(rows, layout.observation_size, pin_memory=cuda)
+        self._observations = torch.zeros(rows, layout.observation_size, device=self.device)
+        self._actions_host = torch.zeros(rows, layout.action_size, pin_memory=cuda)
+        self._acted = torch.cuda.Event() if cuda else None
+        if not self.plan.graphs:
+            return
+        try:
+            self.acting_graph, _ = capture_graph(self._act_into_rollout, self.device,
+                                                 what="PPO's acting")
+        except CaptureError as error:
+            warnings.warn(f"{error}; acting eagerly instead", stacklevel=3)
+        self.rollout.position.zero_()  # the warm-up's row is the first step's to overwrite
+
+    @torch.no_grad()
+    def _act_into_rollout(self) -> None:
+        """:meth:`act_in_envs`'s device work, from the observations on the device to the
+        actions in the host buffer: the same launches every step."""
+        observations = self._observations.view(*self.seed_shape, self.rollout.num_envs, -1)
+        if self.rollout.normalizer is not None:
+            observations = self.rollout.normalizer.normalize(observations)
+        actions, log_probs, values = self.act(observations)
+        self.rollout.write_acted(observations, actions, log_probs, values)
+        self._actions_host.copy_(actions.reshape(self._actions_host.shape), non_blocking=True)
 
     # ------------------------------------------------------------------ updating
 

@@ -125,10 +125,10 @@ class RolloutCollector:
         tensor = self._tensor(safe)
         return tensor if self.normalizer is None else self.normalizer.normalize(tensor)
 
-    def _env_actions(self, actions: Tensor) -> np.ndarray:
-        """The actions the envs take, one row per env: the index of a discrete action, a
-        continuous one clipped to the space (the rollout keeps the unclipped sample)."""
-        rows = actions.reshape(self.seeds * self.num_envs, -1).cpu().numpy()
+    def _env_actions(self, rows: np.ndarray) -> np.ndarray:
+        """The actions the envs take from the policy's (K*N, A), one row per env: the index of
+        a discrete action, a continuous one clipped to the space (the rollout keeps the
+        unclipped sample)."""
         if self.discrete:
             return rows[:, 0].astype(self._dtype)
         return np.clip(rows, self._low, self._high).astype(self._dtype, copy=False)
@@ -143,22 +143,19 @@ class RolloutCollector:
         safe, unsafe = policy_inputs(self.observations)
         if self.normalizer is not None:  # counted before the policy acts on them
             self.normalizer.update(self.observations, None if unsafe is None else ~unsafe)
-        observations = self._observed(safe)
-        actions, log_probs, values = self.learner.act(observations)
-        env_actions = self._env_actions(actions)
+        env_actions = self._env_actions(self.learner.act_in_envs(safe))
         self._stepper.start(env_actions)
         next_observations, rewards, terminations, truncations, infos = self._stepper.finish()
         final_observations = true_next_observations(next_observations, infos)
         finite = self._checked(global_step, env_actions, rewards, final_observations)
         # The final observations' values bootstrap truncated episodes (read only there).
         final_values = (self.learner.values(self._observed(policy_inputs(final_observations)[0]))
-                        if np.any(truncations) else torch.zeros_like(values))
+                        if np.any(truncations) else None)
         learned = (rewards if self.reward_normalizer is None
                    else self.reward_normalizer.scale(rewards, terminations, truncations))
         if not finite:  # nothing non-finite is stored: such a reward as 0
             learned = np.where(np.isfinite(learned), learned, 0.0)
-        self.rollout.add(observations, actions, log_probs, values, self._tensor(learned),
-                         self._tensor(terminations), self._tensor(truncations), final_values)
+        self.rollout.record(learned, terminations, truncations, final_values)
         self.observations = next_observations
         self.updated = self.rollout.full
         if self.updated and update is not None:

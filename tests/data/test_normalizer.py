@@ -17,6 +17,7 @@ from rl_graphstep.data.normalizer import (
     ObservationNormalizer,
     RewardNormalizer,
     chan_update,
+    chan_update_seeds,
 )
 from rl_graphstep.data.sampler import BatchSampler
 
@@ -34,6 +35,19 @@ def test_chan_update_uses_the_old_mean_in_its_cross_term() -> None:
     assert count == 3
     assert mean[0] == pytest.approx(3.0, abs=1e-15)
     assert var[0] == pytest.approx(8 / 3, abs=1e-15)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_the_seeds_at_once_are_each_seeds_update_to_the_bit(rows: int) -> None:
+    rng = np.random.default_rng(0)
+    count = np.array([0, 5, 12])
+    mean, var, batch = rng.normal(size=(3, 4)), rng.random((3, 4)), rng.normal(size=(3, rows, 4))
+    together = chan_update_seeds(count, mean, var, batch)
+    for k in range(3):
+        alone = chan_update(int(count[k]), mean[k], var[k], batch[k])
+        assert together[0][k] == alone[0]
+        np.testing.assert_array_equal(together[1][k], alone[1])
+        np.testing.assert_array_equal(together[2][k], alone[2])
 
 
 def test_an_empty_batch_changes_nothing() -> None:

@@ -9,6 +9,7 @@ import itertools
 import pytest
 import torch
 from ppotools import (
+    check_acting,
     fill_bandit,
     make_learner,
     next_values,
@@ -218,3 +219,9 @@ def test_state_loads_only_before_build() -> None:
     learner, _ = make_learner()
     with pytest.raises(RuntimeError, match="before its steps are built"):
         learner.load_state_dict(learner.state_dict())
+
+
+@pytest.mark.parametrize(("seeds", "discrete"), [(1, 0), (3, 0), (2, 3)],
+                         ids=["one", "seeds", "discrete"])
+def test_acting_fills_the_rows_with_what_it_returns(seeds: int, discrete: int) -> None:
+    check_acting(make_learner(seeds, discrete=discrete)[0])

@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from ppotools import fill_bandit, make_learner, next_values, optimizer_state, parameters
+from ppotools import (
+    check_acting,
+    fill_bandit,
+    make_learner,
+    next_values,
+    optimizer_state,
+    parameters,
+)
 
 from rl_graphstep.graphstep import CudaGraphAdaptationStep
 
@@ -91,3 +98,11 @@ def test_an_update_makes_no_host_sync(settings: dict) -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize(("seeds", "discrete"), [(1, 0), (2, 0), (2, 3)],
+                         ids=["one", "seeds", "discrete"])
+def test_captured_acting_fills_the_rows_with_what_it_returns(seeds: int, discrete: int) -> None:
+    learner, _ = make_learner(seeds, device="cuda", graphs=True, discrete=discrete)
+    assert learner.acting_graph is not None
+    check_acting(learner)
