@@ -102,9 +102,13 @@ class Rollout:
         # Stored always with the K dimension; what a single run sees drops it (``_view``).
         self.rows = torch.zeros(*shape, self.layout.width, device=self.device)
         # What the steps returned: rewards, terminations, truncations. Filled on the host and
-        # copied to the device once the rollout is full.
-        self._returned_host = np.zeros((3, *shape), dtype=np.float32)
+        # copied to the device once the rollout is full: from pinned memory on CUDA, without
+        # blocking, and the next rollout's first record waits for that copy (``_copied``).
+        cuda = self.device.type == "cuda"
+        self._returned_pinned = torch.zeros(3, *shape, pin_memory=cuda)
+        self._returned_host = self._returned_pinned.numpy()
         self._returned = torch.zeros(3, *shape, device=self.device)
+        self._copied = torch.cuda.Event() if cuda else None
         self.final_values = torch.zeros(shape, device=self.device)
         self.step = 0  # the next step to add, counted on the host
         self.position = torch.zeros(1, dtype=torch.int64, device=self.device)  # its device twin
@@ -205,6 +209,8 @@ class Rollout:
         of the step was). Step t is then complete."""
         self._check_room()
         t = self.step
+        if t == 0 and self._copied is not None:
+            self._copied.synchronize()  # the last rollout's copy has read the host arrays
         for index, value in enumerate((rewards, terminations, truncations)):
             if isinstance(value, Tensor):
                 value = value.detach().cpu().numpy()
@@ -239,7 +245,9 @@ class Rollout:
         if not self.full:
             raise RuntimeError(f"the rollout holds {self.step} of its {self.num_steps} steps; "
                                "fill it before computing advantages")
-        self._returned.copy_(torch.from_numpy(self._returned_host))
+        self._returned.copy_(self._returned_pinned, non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
         values = self.rows[..., self.layout.values]
         advantages = gae(self.rewards, values, self.terminations, self.truncations,
                          self.final_values, next_values.reshape(self.seeds, self.num_envs),
