@@ -299,7 +299,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rollouts", type=int, default=10, help="each arm's rollouts")
     parser.add_argument("--burn-in", type=int, default=3, help="rollouts not timed")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--timeout", type=float, default=180, help="seconds per arm")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds per arm "
+                        "(LeanRL's compiled mode once took over 180 s to compile)")
     parser.add_argument("--deadline", type=float, help="seconds for the whole job: an arm "
                         "gets what is left, and none starts with less than 30 s")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
