@@ -96,8 +96,10 @@ def chan_update_seeds(count: np.ndarray, mean: np.ndarray, var: np.ndarray, batc
     ``mean`` and ``var`` (K, D), ``batch`` (K, n, D), n >= 1. The same operations, elementwise:
     the same values to the bit as K calls (one launch of numpy's work instead of K)."""
     size = batch.shape[1]
-    batch_mean = batch.mean(axis=1)
-    batch_var = batch.var(axis=1)
+    if size == 1:  # one row a seed (one env): its mean is the row, its variance 0, exactly
+        batch_mean, batch_var = batch[:, 0], 0.0
+    else:
+        batch_mean, batch_var = batch.mean(axis=1), batch.var(axis=1)
     total = count + size
     delta = batch_mean - mean
     new_mean = mean + delta * (size / total)[:, None]
@@ -138,6 +140,7 @@ class ObservationNormalizer:
         # Two pinned host copies used in turn, as the ring's staging is: the upload of two
         # updates ago may still be reading one.
         self._host = [torch.empty(self.stats.shape, pin_memory=cuda) for _ in range(2)]
+        self._host_rows = [host.numpy()[:, :, 0] for host in self._host]  # (2, K, O) views
         self._turns = InTurns()
         self._upload()
 
@@ -162,10 +165,14 @@ class ObservationNormalizer:
 
     def _upload(self) -> None:
         """``stats`` from the host statistics, written in place on the current stream."""
-        host = self._host[self._turns.take()]
-        seen = (self.count > 0)[:, None]
-        host[0, :, 0] = torch.from_numpy(np.where(seen, self.mean, 0.0))
-        host[1, :, 0] = torch.from_numpy(np.where(seen, self.form.divisor(self.var), 1.0))
+        turn = self._turns.take()
+        host, rows = self._host[turn], self._host_rows[turn]  # rows: its numpy view
+        if self.count.all():
+            rows[0], rows[1] = self.mean, self.form.divisor(self.var)
+        else:  # a seed without observations normalises by the identity
+            seen = (self.count > 0)[:, None]
+            rows[0] = np.where(seen, self.mean, 0.0)
+            rows[1] = np.where(seen, self.form.divisor(self.var), 1.0)
         if self.device.type != "cuda":
             self.stats.copy_(host)
             return
