@@ -186,3 +186,29 @@ def test_ppo_learns_cartpole_on_the_cpu(tmp_path: Path) -> None:
         "--total-timesteps", "100000", "--device", "cpu", "--no-progress",
         "--log-dir", str(tmp_path)]))
     assert summary["mean_return_last_10"] > 200
+
+
+def test_the_next_steps_acting_is_queued_before_the_steps_bookkeeping(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within a rollout, each step queues the next step's acting before it records its own
+    rewards (the host's bookkeeping runs while the device acts); the step that fills the
+    rollout updates first, and the next acting comes after that update."""
+    from rl_graphstep.data.rollout import Rollout
+    from rl_graphstep.learners.onpolicy import OnPolicyLearner
+
+    calls: list[str] = []
+    for cls, name in ((OnPolicyLearner, "start_acting"), (OnPolicyLearner, "update"),
+                      (Rollout, "record")):
+        original = getattr(cls, name)
+
+        def spy(self: object, *args: object, _name: str = name, _original=original) -> object:
+            calls.append(_name)
+            return _original(self, *args)
+
+        monkeypatch.setattr(cls, name, spy)
+    train(load_config(["--env", "Pendulum-v1", *SMALL, "--total-timesteps", "64",
+                       "--log-dir", str(tmp_path)]))
+    # 2 rollouts of 16 steps: the first acting, then per step (acting ahead, record), but
+    # the 16th step records and updates before the next rollout's first acting.
+    rollout = ["start_acting"] + ["start_acting", "record"] * 15 + ["record", "update"]
+    assert calls == rollout * 2

@@ -178,12 +178,16 @@ class OnPolicyLearner(StepPair):
         return self.algorithm.critic(observations).squeeze(-1)
 
     def act_in_envs(self, observations: np.ndarray) -> np.ndarray:
-        """One env step's acting: the host observations (K*N, O), non-finite rows already
-        zeros, go to the device; the policy samples actions for them (normalised first under
-        ``--obs-norm``, with the statistics current on the stream), and the rollout's next row
-        gets the observations as acted on, the actions, their log-probabilities and the
-        values. One launch with CUDA graphs, and one host sync: returns the actions (K*N, A)
-        on the host, in a buffer the next call overwrites."""
+        """:meth:`start_acting` then :meth:`actions`."""
+        self.start_acting(observations)
+        return self.actions()
+
+    def start_acting(self, observations: np.ndarray) -> None:
+        """Queue one env step's acting and return at once: the host observations (K*N, O),
+        non-finite rows already zeros, go to the device; the policy samples actions for them
+        (normalised first under ``--obs-norm``, with the statistics current on the stream),
+        and the rollout's next row gets the observations as acted on, the actions, their
+        log-probabilities and the values. One launch with CUDA graphs."""
         self._observations_host.numpy()[:] = observations
         self._observations.copy_(self._observations_host, non_blocking=True)
         if self.acting_graph is not None:
@@ -192,7 +196,12 @@ class OnPolicyLearner(StepPair):
             self._act_into_rollout()
         if self._acted is not None:
             self._acted.record()
-            self._acted.synchronize()  # the actions are on the host; the staging is free
+
+    def actions(self) -> np.ndarray:
+        """The actions (K*N, A) of the last :meth:`start_acting`, on the host (its one sync),
+        in a buffer the next acting overwrites; its staging is then free again."""
+        if self._acted is not None:
+            self._acted.synchronize()
         return self._actions_host.numpy()
 
     def _build_acting(self) -> None:

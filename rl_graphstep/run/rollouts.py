@@ -2,7 +2,9 @@
 
 Each ``step()`` asks the on-policy learner for the actions of the current observations (on
 the device, sampled from the current policy: no random warm-up, no action stream), steps
-every env once and adds the step to the rollout; the step that fills the rollout runs the
+every env once and adds the step to the rollout; the next step's acting is queued before this
+step's bookkeeping on the host, so that the two run at once (not after the step that fills
+the rollout: its update comes first); the step that fills the rollout runs the
 update it is given with the values of the observations that follow it, which also empties
 the rollout. The loop calls it as it calls the off-policy collector's ``step``.
 
@@ -88,6 +90,7 @@ class RolloutCollector:
         self.normalizer = self.rollout.normalizer
         self.reward_normalizer = self.rollout.reward_normalizer
         self.updated = False  # whether the last step filled the rollout (and updated)
+        self._acting = False  # whether the next step's acting is queued already
 
     def learning_due(self, step: int, cfg: Config) -> bool:
         """PPO acts with its policy from the first step: the learner is built before it."""
@@ -140,30 +143,46 @@ class RolloutCollector:
         rewards, terminations and truncations. ``global_step`` and ``explore``: as the
         off-policy collector takes them (PPO always acts with its policy)."""
         del explore
-        safe, unsafe = policy_inputs(self.observations)
-        if self.normalizer is not None:  # counted before the policy acts on them
-            self.normalizer.update(self.observations, None if unsafe is None else ~unsafe)
-        env_actions = self._env_actions(self.learner.act_in_envs(safe))
+        if not self._acting:
+            self._start_acting(self.observations)
+        observations = self.observations
+        env_actions = self._env_actions(self.learner.actions())
+        self._acting = False
         self._stepper.start(env_actions)
         next_observations, rewards, terminations, truncations, infos = self._stepper.finish()
         final_observations = true_next_observations(next_observations, infos)
-        finite = self._checked(global_step, env_actions, rewards, final_observations)
-        # The final observations' values bootstrap truncated episodes (read only there).
+        # The final observations' values bootstrap truncated episodes (read only there),
+        # normalised with this step's statistics: before the next observations count.
         final_values = (self.learner.values(self._observed(policy_inputs(final_observations)[0]))
                         if np.any(truncations) else None)
+        self.observations = next_observations
+        if self.rollout.step + 1 < self.rollout.num_steps:
+            # The next step's acting runs on the device while the host books this step.
+            self._start_acting(next_observations)
+        finite = self._checked(global_step, observations, env_actions, rewards,
+                               final_observations)
         learned = (rewards if self.reward_normalizer is None
                    else self.reward_normalizer.scale(rewards, terminations, truncations))
         if not finite:  # nothing non-finite is stored: such a reward as 0
             learned = np.where(np.isfinite(learned), learned, 0.0)
         self.rollout.record(learned, terminations, truncations, final_values)
-        self.observations = next_observations
         self.updated = self.rollout.full
         if self.updated and update is not None:
             update(self.learner.values(self._observed(policy_inputs(next_observations)[0])))
         return rewards, terminations, truncations
 
-    def _checked(self, global_step: int, env_actions: np.ndarray, rewards: np.ndarray,
-                 final_observations: np.ndarray) -> bool:
+    def _start_acting(self, observations: np.ndarray) -> None:
+        """Count ``observations`` under ``--obs-norm`` (before the policy acts on them, the
+        non-finite rows left out) and queue the policy's acting on them, which also fills
+        the rollout's next row; :meth:`OnPolicyLearner.actions` waits for it."""
+        safe, unsafe = policy_inputs(observations)
+        if self.normalizer is not None:
+            self.normalizer.update(observations, None if unsafe is None else ~unsafe)
+        self.learner.start_acting(safe)
+        self._acting = True
+
+    def _checked(self, global_step: int, observations: np.ndarray, env_actions: np.ndarray,
+                 rewards: np.ndarray, final_observations: np.ndarray) -> bool:
         """Whether the step's transitions (observation, action, reward, next observation) are
         all finite. Each seed's tally counts and warns about its others, as the off-policy
         collector's do, and a seed with one is left out of this rollout's update
@@ -171,7 +190,7 @@ class RolloutCollector:
         as 0, and the policy acts on zeros in place of such an observation (see
         :func:`policy_inputs`)."""
         finite = finite_transitions(self.tallies, global_step + self.num_envs,
-                                    self.observations, env_actions, rewards,
+                                    observations, env_actions, rewards,
                                     final_observations, consequence=NOT_LEARNED)
         if finite.all():
             return True
