@@ -1,7 +1,8 @@
 """PPO with custom networks on the GPU: a captured run with the example's actor and a value
 network of its own trains (one seed and two, Box and Discrete), evaluates, and resumed at a
 rollout boundary goes on as the run straight through; a host sync in the captured
-``log_prob_and_entropy`` is one line at start-up, where one in the eager ``forward`` is not."""
+``log_prob_and_entropy`` is one line at start-up, where one in ``forward`` makes the run act
+eagerly, with a warning."""
 
 from __future__ import annotations
 
@@ -98,3 +99,15 @@ def test_a_host_sync_is_refused_where_the_step_captures_it() -> None:
                        r"\.item\(\) at .*test_train_ppo_nets_cuda.py:\d+ "):
         check_ppo_actor(SyncingLogProb(*spaces).to(device), **sizes)
     check_ppo_actor(SyncingForward(*spaces).to(device), **sizes)
+
+
+def test_an_actor_whose_forward_syncs_acts_eagerly_with_a_warning(tmp_path: Path) -> None:
+    args = ["--algo", "ppo", "--device", "cuda", "--graph", "on", "--compile", "off",
+            "--env", "Pendulum-v1", "--num-envs", "2", "--num-steps", "32",
+            "--num-minibatches", "2", "--update-epochs", "1", "--total-timesteps", "128",
+            "--no-progress", "--log-dir", str(tmp_path),
+            "--actor", "test_train_ppo_nets_cuda:SyncingForward"]
+    with pytest.warns(UserWarning, match="PPO's acting.*acting eagerly instead"):
+        summary = train(load_config(args))
+    assert summary["graph"] is True  # the updates are still captured
+    assert summary["updates"] == {"critic": (0, 4), "actor": (0, 4)}  # 2 rollouts x 2 x 1

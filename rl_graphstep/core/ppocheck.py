@@ -8,7 +8,8 @@ The protocol (``rl_graphstep/networks/policies.py`` spells it out): an actor's
 entropy)`` and ``deterministic_action(obs) -> actions``; a critic's ``forward(obs) -> values``
 (B, 1). Where each runs decides what is checked for host syncs on CUDA: the critic's forward
 and the actor's ``log_prob_and_entropy`` run inside the captured steps; ``forward`` (acting)
-and ``deterministic_action`` (evaluating) run eagerly.
+is captured where it can be, and acts eagerly with a warning where it waits for the GPU;
+``deterministic_action`` (evaluating) runs eagerly.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def check_ppo_actor(actor: nn.Module, *, observation_size: int, action_size: int
                   f" (a Box action space of {action_size}: a Gaussian actor's samples)")
     with forked_rng(device):
         observations = torch.randn(batch_size, observation_size, device=device)
-        # Acting runs forward eagerly: a host sync there costs time, not the capture.
+        # A host sync in forward costs time, not the run: acting then runs eagerly.
         actions, log_probs = _pair(run_checked(actor, (observations,), name, device,
                                                in_graph=False),
                                    name, "forward", "(actions, log_probs)")

@@ -206,7 +206,8 @@ class OnPolicyLearner(StepPair):
 
     def _build_acting(self) -> None:
         """The fixed buffers of :meth:`act_in_envs` (pinned host staging on CUDA), and its
-        graph where the plan captures (its eager twin, with a warning, where that fails)."""
+        graph where the plan captures; where that fails (an actor's ``forward`` that waits
+        for the GPU, which the protocol allows), its eager twin, with a warning."""
         rows = self.seeds * self.rollout.num_envs
         layout, cuda = self.rollout.layout, self.device.type == "cuda"
         self._observations_host = torch.zeros(rows, layout.observation_size, pin_memory=cuda)
