@@ -50,6 +50,7 @@ from rl_graphstep.run.cli import (
 )
 from rl_graphstep.run.console import say, summary_line
 from rl_graphstep.run.flags import load_config
+from rl_graphstep.run.logger import MACHINE_TAG, machine_text
 from rl_graphstep.run.nonfinite import mostly_skipped, nonfinite_stop_message, not_learned
 from rl_graphstep.run.setup import Reporter, Run, set_up
 from rl_graphstep.run.state import save_run
@@ -206,6 +207,7 @@ def _start_learning(run: Run) -> None:
     run.log.bar.write(f"updates: {run.plan.describe()}; built in "
                       f"{run.clock.build_seconds:.1f} s{note}")
     run.log.logger.text("plan", run.plan.describe() + note)
+    run.log.logger.text(MACHINE_TAG, machine_text(run.plan.device))
     step = run.progress.global_step
     run.clock.start_learning(step)
     run.log.bar.start_learning(step)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import platform
 import subprocess
 import time
 import warnings
@@ -47,6 +48,10 @@ def test_short_run_writes_every_tag(tmp_path: Path) -> None:
     critic_steps = [e.step for e in events.Scalars("losses/critic")]
     assert critic_steps == [200, 300, 400]  # learning starts after 150 steps
     assert "hyperparameters" in "".join(events.Tags()["tensors"])
+    # What ran it: the tables of results that mix machines say which.
+    machine = events.Tensors("machine/text_summary")[0].tensor_proto.string_val[0].decode()
+    host = f"{os.cpu_count()} CPUs ({platform.machine()})"
+    assert machine == f"CPU; {host}; torch {torch.__version__}"
 
 
 def test_train_from_python_returns_a_summary_and_prints_the_commands_lines(

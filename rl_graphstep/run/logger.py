@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
+import platform
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -19,6 +21,18 @@ _Log = TypeVar("_Log", bound="EventLog")
 LAUNCH_TAG = "launch_time"
 """The text tag under which every event file holds its process's launch (see launch_text):
 ``benchmarks/results.py`` times each logged point from it (time to a result)."""
+
+
+MACHINE_TAG = "machine"
+"""The text tag of what ran a run (see machine_text): runs of one table may come from
+different machines, and their wall times and speeds are those machines'."""
+
+
+def machine_text(device: torch.device) -> str:
+    """The device a run trained on (a GPU by its name), the host's CPUs and torch's version:
+    ``NVIDIA H100 80GB HBM3; 16 CPUs (x86_64); torch 2.11.0+cu130``."""
+    where = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    return f"{where}; {os.cpu_count()} CPUs ({platform.machine()}); torch {torch.__version__}"
 
 
 def launch_text(launched: float) -> str:
