@@ -27,7 +27,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from rl_graphstep.algorithms import is_on_policy
-from rl_graphstep.run.logger import LAUNCH_TAG, read_launch
+from rl_graphstep.run.logger import LAUNCH_TAG, MACHINE_TAG, read_launch
 
 RETURN_TAG = "charts/episodic_return"
 CONFIG_TAG = "hyperparameters/text_summary"
@@ -41,10 +41,13 @@ OLD_GROUP_FIELDS = ["env_id", "algo", "seeds", "steps", "wall_s", "env_steps_per
 OFF_POLICY_SETTINGS = ["num_envs", "batch_size", "updates_per_step", "learning_starts"]
 ON_POLICY_SETTINGS = ["num_envs", "num_steps", "num_minibatches", "update_epochs"]
 SETTINGS = [*OFF_POLICY_SETTINGS, "num_steps", "num_minibatches", "update_epochs"]
-GROUP_FIELDS = [*OLD_GROUP_FIELDS, *SETTINGS, "timed_from"]
-# groups.csv as written before the on-policy settings were kept (its rows have none).
+# And what ran the group (its runs' machine record, "" where they recorded none).
+GROUP_FIELDS = [*OLD_GROUP_FIELDS, *SETTINGS, "timed_from", "machine"]
+# groups.csv as written before the machine was kept, and before the on-policy settings were.
+UNMACHINED_GROUP_FIELDS = GROUP_FIELDS[:-1]
 OFF_POLICY_GROUP_FIELDS = [*OLD_GROUP_FIELDS, *OFF_POLICY_SETTINGS, "timed_from"]
 LAUNCH_TEXT_TAG = f"{LAUNCH_TAG}/text_summary"
+MACHINE_TEXT_TAG = f"{MACHINE_TAG}/text_summary"
 
 
 class ResultsError(Exception):
@@ -80,6 +83,7 @@ class GroupResult:
     # The run's settings that make its gradient samples (None where not recorded).
     settings: dict[str, int | None] = field(default_factory=lambda: dict.fromkeys(SETTINGS))
     timed_from: str = "first event"
+    machine: str = ""  # what ran it (the runs' record; "" where none was kept)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -166,6 +170,7 @@ class Process:
     launch: float | None
     first: float
     last: float
+    machine: str = ""  # its machine record, where it kept one
 
     @property
     def start(self) -> float:
@@ -177,16 +182,23 @@ def processes(run_dir: Path) -> tuple[list[Process], int]:
     any event records."""
     found, last_step = [], 0
     for path in sorted(run_dir.glob("*tfevents*")):
-        times, launch = [], None
+        times, launch, machine = [], None, ""
         for event in EventFileLoader(str(path)).Load():
             times.append(event.wall_time)
             last_step = max(last_step, event.step)
             for value in event.summary.value:
                 if value.tag == LAUNCH_TEXT_TAG and value.tensor.string_val:
                     launch = read_launch(value.tensor.string_val[0].decode())
+                elif value.tag == MACHINE_TEXT_TAG and value.tensor.string_val:
+                    machine = value.tensor.string_val[0].decode()
         if times:
-            found.append(Process(launch, min(times), max(times)))
+            found.append(Process(launch, min(times), max(times), machine))
     return sorted(found, key=lambda p: p.start), last_step
+
+
+def machines(found: Sequence[Process]) -> str:
+    """The machines the processes recorded, in the order they ran, each once ("" for none)."""
+    return " + ".join(dict.fromkeys(p.machine for p in found if p.machine))
 
 
 def wall_time(found: Sequence[Process]) -> float:
@@ -248,7 +260,7 @@ def read_group(path: Path) -> GroupResult:
     timed = found and all(p.launch is not None for p in found)
     return GroupResult(config["env_id"], config["algo"], [curve for _, curve in runs], steps,
                        wall_time(found), _settings(config),
-                       "launch" if timed else "first event")
+                       "launch" if timed else "first event", machines(found))
 
 
 def pool(groups: Iterable[GroupResult]) -> list[GroupResult]:
@@ -259,7 +271,7 @@ def pool(groups: Iterable[GroupResult]) -> list[GroupResult]:
         if group.key not in pooled:
             pooled[group.key] = GroupResult(group.env_id, group.algo, list(group.curves),
                                             group.steps, group.wall_s, dict(group.settings),
-                                            group.timed_from)
+                                            group.timed_from, group.machine)
             continue
         into = pooled[group.key]
         clash = set(into.seeds) & set(group.seeds)
@@ -271,6 +283,8 @@ def pool(groups: Iterable[GroupResult]) -> list[GroupResult]:
         into.wall_s += group.wall_s
         if group.timed_from != into.timed_from:
             into.timed_from = "first event"  # some of its runs recorded no launch
+        into.machine = " + ".join(dict.fromkeys(
+            m for m in (*into.machine.split(" + "), group.machine) if m))
     return list(pooled.values())
 
 
@@ -303,7 +317,7 @@ def write_results(results_dir: Path, groups: Sequence[GroupResult]) -> list[Path
                            "env_steps_per_s": f"{group.env_steps_per_s:.0f}",
                            **{name: "" if value is None else value
                               for name, value in group.settings.items()},
-                           "timed_from": group.timed_from}
+                           "timed_from": group.timed_from, "machine": group.machine}
     with (results_dir / GROUPS_FILE).open("w", newline="") as file:
         writer = csv.DictWriter(file, GROUP_FIELDS)
         writer.writeheader()
@@ -320,9 +334,11 @@ def _read_group_rows(results_dir: Path) -> dict[tuple[str, str], dict[str, str]]
         reader = csv.DictReader(file)
         # A file written before the settings (or the on-policy ones) were kept: its rows have
         # none, timed from the first event.
-        if reader.fieldnames not in (GROUP_FIELDS, OFF_POLICY_GROUP_FIELDS, OLD_GROUP_FIELDS):
+        if reader.fieldnames not in (GROUP_FIELDS, UNMACHINED_GROUP_FIELDS,
+                                     OFF_POLICY_GROUP_FIELDS, OLD_GROUP_FIELDS):
             raise ResultsError(f"{path}: expected the columns {','.join(GROUP_FIELDS)}")
-        return {(row["env_id"], row["algo"]): {"timed_from": "first event", **row}
+        return {(row["env_id"], row["algo"]): {"timed_from": "first event", "machine": "",
+                                                **row}
                 for row in reader}
 
 
@@ -336,7 +352,8 @@ def load_results(results_dir: Path) -> list[GroupResult]:
         curves = _read_returns(returns_file(results_dir, env_id, algo), row["seeds"])
         settings = {name: int(row[name]) if row.get(name) else None for name in SETTINGS}
         groups.append(GroupResult(env_id, algo, curves, int(row["steps"]),
-                                  float(row["wall_s"]), settings, row["timed_from"]))
+                                  float(row["wall_s"]), settings, row["timed_from"],
+                                  row["machine"]))
     return groups
 
 

@@ -18,7 +18,8 @@ table's evaluation column (``evaluations.py``).
 
 Per group: each seed's mean return over its last 10 episodes; their mean ± std (numpy's,
 over the seeds) and interquartile mean with its 95% percentile-bootstrap interval; the wall
-time and env steps/s of all seeds together. Beside it the references of the same algorithm
+time and env steps/s of all seeds together, and the machine that ran it (its runs' record,
+"not recorded" for runs older than the record). Beside it the references of the same algorithm
 on the same task (``references.csv``); the first listed is the one the group is judged
 against: within range when the seeds' mean is at least the reference's mean minus its std
 (the mean of their evaluations, for a group collected with ``--evaluate``).
@@ -140,8 +141,8 @@ def table(groups: Sequence[GroupResult],
     lines = [
         f"| Task | Algorithm | Seeds (mean of last {LAST_EPISODES} episodes) | Mean ± std | "
         f"IQM [95% CI] | {column}Published (mean ± std) | Within range | Wall time | "
-        "Env steps/s |",
-        "|---|---|---|---:|---:|" + ("---:|" if evaluations else "") + "---|:---:|---:|---:|",
+        "Env steps/s | Machine |",
+        "|---|---|---|---:|---:|" + ("---:|" if evaluations else "") + "---|:---:|---:|---:|---|",
     ]
     for group in sorted(groups, key=lambda g: (g.env_id, g.algo)):
         finals = group.finals()
@@ -162,7 +163,8 @@ def table(groups: Sequence[GroupResult],
             f"| {group.env_id} | {group.algo.upper()} | {seeds} | {_number(finals.mean())} ± "
             f"{_number(finals.std())} | {_number(iqm(finals))} [{_number(low)}, "
             f"{_number(high)}] | {cell}{published} | {within} | "
-            f"{_duration(group.wall_s)} | {_number(group.env_steps_per_s)} |")
+            f"{_duration(group.wall_s)} | {_number(group.env_steps_per_s)} | "
+            f"{group.machine or 'not recorded'} |")
     return "\n".join(lines) + "\n" + table_notes(groups, evaluations or {})
 
 

@@ -5,6 +5,8 @@ and its one-line errors."""
 from __future__ import annotations
 
 import importlib
+import os
+import platform
 import shutil
 import sys
 import time
@@ -13,6 +15,7 @@ from types import ModuleType
 
 import numpy as np
 import pytest
+import torch
 from torch.utils.tensorboard import SummaryWriter
 
 from rl_graphstep import train
@@ -152,6 +155,33 @@ def test_report_builds_the_table_and_figures_from_the_csvs_alone(runs: dict[str,
     for name in ("HalfCheetah.png", "Pendulum.png", "aggregate.png", "HalfCheetah_wallclock.png",
                  "Pendulum_wallclock.png"):
         assert (results / name).read_bytes().startswith(PNG_SIGNATURE), name
+
+
+def test_each_row_says_what_ran_it(runs: dict[str, Path], tmp_path: Path) -> None:
+    """The trained group recorded its machine, the hand-written TD3 runs none; groups.csv
+    keeps it, and a groups.csv from before the column reads as not recorded."""
+    table = load("table")
+    results = tmp_path / "results"
+    paths = [runs["group"], *(runs["td3"] / f"td3_{s}" for s in (1, 2, 3))]
+    assert table.main(["collect", *map(str, paths), "--results", str(results)]) == 0
+    groups = {g.key: g for g in load("results").load_results(results)}
+    host = f"{os.cpu_count()} CPUs ({platform.machine()})"
+    assert groups[("Pendulum-v1", "sac")].machine == f"CPU; {host}; torch {torch.__version__}"
+    assert groups[("HalfCheetah-v5", "td3")].machine == ""
+    assert table.main(["report", "--results", str(results), "--references",
+                       str(runs["references"])]) == 0
+    rows = (results / "table.md").read_text().splitlines()
+    assert rows[0].endswith("| Env steps/s | Machine |")
+    (sac,) = [row for row in rows if "| SAC |" in row]
+    (td3,) = [row for row in rows if "| TD3 |" in row]
+    assert sac.endswith(f"| CPU; {host}; torch {torch.__version__} |")
+    assert td3.endswith("| not recorded |")
+    csv_file = results / "groups.csv"
+    lines = csv_file.read_text().splitlines()
+    assert lines[0].endswith(",timed_from,machine")
+    csv_file.write_text("\n".join([lines[0].removesuffix(",machine"),
+                                    *(line.rsplit(",", 1)[0] for line in lines[1:])]) + "\n")
+    assert {g.machine for g in load("results").load_results(results)} == {""}
 
 
 def test_the_normalised_scores_divide_by_the_first_reference(runs: dict[str, Path],
