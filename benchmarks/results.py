@@ -196,9 +196,14 @@ def processes(run_dir: Path) -> tuple[list[Process], int]:
     return sorted(found, key=lambda p: p.start), last_step
 
 
+def joined_machines(machines: Iterable[str]) -> str:
+    """Machine records in their order, each once, joined by " + " ("" for none)."""
+    return " + ".join(dict.fromkeys(m for m in machines if m))
+
+
 def machines(found: Sequence[Process]) -> str:
-    """The machines the processes recorded, in the order they ran, each once ("" for none)."""
-    return " + ".join(dict.fromkeys(p.machine for p in found if p.machine))
+    """The machines the processes recorded, in the order they ran."""
+    return joined_machines(p.machine for p in found)
 
 
 def wall_time(found: Sequence[Process]) -> float:
@@ -283,8 +288,7 @@ def pool(groups: Iterable[GroupResult]) -> list[GroupResult]:
         into.wall_s += group.wall_s
         if group.timed_from != into.timed_from:
             into.timed_from = "first event"  # some of its runs recorded no launch
-        into.machine = " + ".join(dict.fromkeys(
-            m for m in (*into.machine.split(" + "), group.machine) if m))
+        into.machine = joined_machines([*into.machine.split(" + "), group.machine])
     return list(pooled.values())
 
 

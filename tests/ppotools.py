@@ -96,18 +96,19 @@ def optimizer_state(learner: OnPolicyLearner) -> list[Tensor]:
 
 
 def check_acting(learner: OnPolicyLearner) -> None:
-    """``act_in_envs`` for a whole rollout of random host observations: the actions it returns
-    are the ones the rollout's rows got, each row holds its step's observations, the
-    log-probability the actor gives its action and the critic's value, every step draws
-    fresh actions (a replayed graph samples anew), and the device's step count has come
-    round to the first row again."""
+    """``start_acting`` and ``actions`` for a whole rollout of random host observations:
+    the actions returned are the ones the rollout's rows got, each row holds its step's
+    observations, the log-probability the actor gives its action and the critic's value,
+    every step draws fresh actions (a replayed graph samples anew), and the device's step
+    count has come round to the first row again."""
     rollout, seeds, envs = learner.rollout, learner.seeds, learner.rollout.num_envs
     steps = rollout.num_steps
     rng = np.random.default_rng(0)
     returned = []
     for _ in range(steps):
         observations = rng.uniform(-1, 1, (seeds * envs, 2))
-        returned.append((observations, learner.act_in_envs(observations).copy()))
+        learner.start_acting(observations)
+        returned.append((observations, learner.actions().copy()))
         rollout.record(np.zeros(seeds * envs), np.zeros(seeds * envs), np.zeros(seeds * envs),
                        None)
     assert rollout.full and int(rollout.position) == 0

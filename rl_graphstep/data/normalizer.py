@@ -155,12 +155,11 @@ class ObservationNormalizer:
         if by_seed.shape[1] and (kept is None or kept.all()):  # every row counts: at once
             self.count, self.mean, self.var = chan_update_seeds(self.count, self.mean,
                                                                 self.var, by_seed)
-            self._upload()
-            return
-        for k in range(self.seeds):
-            batch = by_seed[k] if kept is None else by_seed[k][kept[k]]
-            self.count[k], self.mean[k], self.var[k] = chan_update(
-                int(self.count[k]), self.mean[k], self.var[k], batch)
+        else:
+            for k in range(self.seeds):
+                batch = by_seed[k] if kept is None else by_seed[k][kept[k]]
+                self.count[k], self.mean[k], self.var[k] = chan_update(
+                    int(self.count[k]), self.mean[k], self.var[k], batch)
         self._upload()
 
     def _upload(self) -> None:

@@ -177,11 +177,6 @@ class OnPolicyLearner(StepPair):
         episode's final observation's, and the one after the rollout's last step."""
         return self.algorithm.critic(observations).squeeze(-1)
 
-    def act_in_envs(self, observations: np.ndarray) -> np.ndarray:
-        """:meth:`start_acting` then :meth:`actions`."""
-        self.start_acting(observations)
-        return self.actions()
-
     def start_acting(self, observations: np.ndarray) -> None:
         """Queue one env step's acting and return at once: the host observations (K*N, O),
         non-finite rows already zeros, go to the device; the policy samples actions for them
@@ -205,7 +200,7 @@ class OnPolicyLearner(StepPair):
         return self._actions_host.numpy()
 
     def _build_acting(self) -> None:
-        """The fixed buffers of :meth:`act_in_envs` (pinned host staging on CUDA), and its
+        """The fixed buffers of :meth:`start_acting` (pinned host staging on CUDA), and its
         graph where the plan captures; where that fails (an actor's ``forward`` that waits
         for the GPU, which the protocol allows), its eager twin, with a warning."""
         rows = self.seeds * self.rollout.num_envs
@@ -225,7 +220,7 @@ class OnPolicyLearner(StepPair):
 
     @torch.no_grad()
     def _act_into_rollout(self) -> None:
-        """:meth:`act_in_envs`'s device work, from the observations on the device to the
+        """:meth:`start_acting`'s device work, from the observations on the device to the
         actions in the host buffer: the same launches every step."""
         observations = self._observations.view(*self.seed_shape, self.rollout.num_envs, -1)
         if self.rollout.normalizer is not None:
