@@ -245,7 +245,8 @@ def _check_networks_asked(cfg: Config, actor: NetworkSpec, critic: NetworkSpec) 
             raise ConfigError(problem)
 
 
-ON_POLICY_ACTING = "actions sampled by the learner in line (the action stream is off-policy)"
+ON_POLICY_ACTING = ("actions sampled in line by the learner"
+                    " (the action stream serves off-policy learners)")
 
 
 def _updates_ahead(cfg: Config, start_step: int, on_policy: bool) -> int:
