@@ -280,6 +280,20 @@ def test_the_many_env_regime_learns_pendulum_on_cpu(tmp_path: Path) -> None:
     assert summary["mean_return_last_10"] >= -300, summary
 
 
+def test_the_shipped_parallel_config_trains(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """configs/sac_mujoco_parallel.yaml, by name, on Pendulum for 100 vector steps of its 32
+    envs: 4 updates of batch 2,048 per vector step once 2,048 steps are stored (36 vector
+    steps, 144 updates), through its shared env workers; TF32 stays off on the CPU."""
+    summary = train(load_config([
+        "--config", "sac_mujoco_parallel", "--env", "Pendulum-v1", "--total-timesteps", "3200",
+        "--learning-starts", "2048", "--buffer-size", "4096", "--device", "cpu",
+        "--log-dir", str(tmp_path), "--no-progress"]))
+    assert (summary["global_step"], summary["vec_env"]) == (3200, "shared")
+    assert summary["updates"] == {"critic": (0, 144), "actor": (0, 144)}
+    assert "shared envs, float32 matmuls;" in capsys.readouterr().out
+
+
 def test_runs_named_in_the_same_second_get_a_folder_each(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Two runs started in one second of the clock (the default name's resolution) keep

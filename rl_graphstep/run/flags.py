@@ -28,6 +28,7 @@ from rl_graphstep.settings.config import (
 )
 from rl_graphstep.settings.configfile import (
     DuplicateKeyError,
+    config_file_path,
     default_config_file,
     load_yaml,
     read_config_file,
@@ -62,7 +63,9 @@ def build_parser(shown: ShownDefaults | None = None) -> argparse.ArgumentParser:
         removed=removed_flags(),
     )
     parser.add_argument(
-        "--config", metavar="FILE", help="YAML file of field: value overrides (keys as below)"
+        "--config", metavar="FILE",
+        help="YAML file of field: value overrides (keys as below), or a shipped one by its "
+             "name, such as sac_mujoco_parallel"
     )
     for name, f in FIELDS.items():
         if not listed(f):  # the settings of an algorithm that is not here yet
@@ -131,7 +134,8 @@ def help_defaults(argv: Sequence[str] | None) -> ShownDefaults | None:
         return ShownDefaults({}, None, "Built-in defaults shown; with --resume the run's "
                              "saved config replaces them.")
     if seen.config is not None:  # it may set env_id and algo itself
-        return _file_defaults(user_path(seen.config), seen.config, "", keep_choice=True)
+        return _file_defaults(config_file_path(seen.config), seen.config, "",
+                              keep_choice=True)
     env_id, algo = seen.env_id or FIELDS["env_id"].default, seen.algo or FIELDS["algo"].default
     try:
         check_algorithm(algo)

@@ -91,8 +91,8 @@ class Config:
     updates_per_step: int = option(1, "gradient updates per environment iteration",
                                    algos=OFF_POLICY)
     tf32: bool = option(
-        False, "float32 matmuls on TF32 tensor cores (CUDA): faster, with products rounded "
-        "to a 10-bit mantissa"
+        False, "float32 matmuls on TF32 tensor cores (CUDA; a CPU run is unchanged): faster, "
+        "with products rounded to a 10-bit mantissa"
     )
     action_stream: str = option(
         "auto", "with CUDA graphs, select each action on a stream of its own, beside the "

@@ -5,6 +5,7 @@ error, not the last value silently)."""
 from __future__ import annotations
 
 import importlib.resources
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -110,10 +111,33 @@ def configs_dir() -> Traversable:
         return checkout
 
 
+def shipped_config_names() -> list[str]:
+    """The shipped config files' names, without ``.yaml``."""
+    return sorted(f.name.removesuffix(".yaml") for f in configs_dir().iterdir()
+                  if f.name.endswith(".yaml"))
+
+
+def config_file_path(text: str) -> Path | Traversable:
+    """A ``--config`` value: the path of a YAML file, or, where no file of that name is here
+    and it names no folder, a shipped file by its name (``sac_mujoco_parallel`` or
+    ``sac_mujoco_parallel.yaml``), so an installed package's configs need no checkout."""
+    path = user_path(text)
+    if path.exists() or "/" in text or os.sep in text:
+        return path
+    shipped = configs_dir() / (text if text.endswith(".yaml") else f"{text}.yaml")
+    return shipped if shipped.is_file() else path
+
+
 def read_config_file(path: Path | Traversable | str) -> dict[str, Any]:
-    """Read, type-check and value-check one YAML config file (a partial mapping of fields).
-    A file cannot resume a run: ``--resume`` keeps the run's own config, which the file's
-    other settings (and, under it, the defaults) would otherwise silently replace."""
+    """Read, type-check and value-check one YAML config file (a partial mapping of fields),
+    given as a path or (a string) as :func:`config_file_path` reads it. A file cannot resume
+    a run: ``--resume`` keeps the run's own config, which the file's other settings (and,
+    under it, the defaults) would otherwise silently replace."""
+    if isinstance(path, str):
+        text, path = path, config_file_path(path)
+        if not path.is_file() and "/" not in text and os.sep not in text:
+            raise ConfigError(f"config file {text!r} does not exist, and no shipped config "
+                              f"has that name (shipped: {', '.join(shipped_config_names())})")
     values = coerce_mapping(read_yaml_mapping(path), str(path))
     if values.get("resume") is not None:
         raise ConfigError(f"config file {str(path)!r} sets resume: a run is resumed with "

@@ -87,7 +87,7 @@ def plan_run(cfg: Config, device: torch.device, *, updates_ahead: int,
                    vec_env=choose_vec_env(cfg.vec_env, cfg.num_seeds * cfg.num_envs, graphs,
                                           cpus),
                    env_workers=default_workers(cpus),
-                   tf32=cfg.tf32,
+                   tf32=cfg.tf32 and device.type == "cuda",  # CPUs have no TF32
                    graph_fallback=cfg.graph == "auto" and graphs,
                    compile_fallback=cfg.compile == "auto" and compile,
                    insist_on_action_stream=cfg.action_stream == "on", compile_note=note)

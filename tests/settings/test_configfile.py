@@ -82,7 +82,36 @@ def test_shipped_files_load_and_validate(algo: str, env_id: str) -> None:
 def test_every_shipped_file_is_picked_by_some_algo_and_env() -> None:
     shipped = {p.name for p in CONFIGS.glob("*.yaml")}
     expected = {f"{a}_{fam}.yaml" for a in ALGORITHMS for fam in ("pendulum", "mujoco")}
-    assert shipped == expected | {"ppo_mujoco.yaml", "ppo_classic.yaml"}
+    # Chosen by name (--config sac_mujoco_parallel), never picked by an env.
+    assert shipped == expected | {"ppo_mujoco.yaml", "ppo_classic.yaml",
+                                  "sac_mujoco_parallel.yaml"}
+
+
+def test_the_parallel_file_is_the_mujoco_file_in_the_many_env_regime() -> None:
+    """sac_mujoco_parallel.yaml is sac_mujoco.yaml with the regime's six settings, so the two
+    compare the regime alone; --config takes it by name, with or without .yaml."""
+    plain = read_config_file(default_config_file("Humanoid-v5"))
+    parallel = read_config_file("sac_mujoco_parallel")
+    regime = {"num_envs": 32, "vec_env": "shared", "batch_size": 2048, "updates_per_step": 4,
+              "tf32": True}
+    assert parallel == {**plain, **regime}
+    cfg = load_config(["--config", "sac_mujoco_parallel.yaml", "--env", "Humanoid-v5"])
+    assert cfg == config_from_dict({**parallel, "env_id": "Humanoid-v5"})
+    assert cfg.learning_starts < cfg.total_timesteps and cfg.batch_size <= cfg.buffer_size
+
+
+def test_a_config_name_is_a_file_here_before_a_shipped_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path, "batch_size: 64\n", name="sac_mujoco_parallel")
+    assert load_config(["--config", "sac_mujoco_parallel"]).batch_size == 64
+
+
+def test_an_unknown_config_name_lists_the_shipped_ones() -> None:
+    message = one_line_error(["--config", "sac_mujoco_paralel"], "does not exist")
+    assert message.startswith("config file 'sac_mujoco_paralel' does not exist, and no shipped "
+                              "config has that name (shipped: crossq_mujoco, ")
+    assert "sac_mujoco_parallel," in message
 
 
 def test_mujoco_file_values() -> None:

@@ -115,8 +115,9 @@ def test_a_cpu_budget_decides_auto_and_the_shared_envs_workers(
 
 def test_the_plan_keeps_the_device_env_kind_and_precision() -> None:
     made = plan(CPU, vec_env="async", tf32=True)
-    assert (made.device, made.vec_env, made.tf32) == (CPU, "async", True)
-    assert plan(CPU).tf32 is Config().tf32
+    assert (made.device, made.vec_env, made.tf32) == (CPU, "async", False)  # no TF32 on CPUs
+    assert plan(CUDA, tf32=True).tf32 is True
+    assert plan(CUDA).tf32 is Config().tf32
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.graphs = True  # type: ignore[misc]
 
@@ -187,6 +188,14 @@ def test_describe_names_every_mode() -> None:
     eager = RunPlan(device=CPU, graphs=False, compile=False, action_stream=False,
                     vec_env="async", tf32=True)
     assert eager.describe() == "eager, actions in line, async envs, TF32 matmuls"
+
+
+def test_tf32_is_planned_on_cuda_only() -> None:
+    """A CPU has no TF32: the plan's line says float32 there, whatever the config asks."""
+    assert plan_run(Config(tf32=True), CUDA, updates_ahead=LONG_RUN, cpus=2).tf32 is True
+    assert plan_run(Config(tf32=False), CUDA, updates_ahead=LONG_RUN, cpus=2).tf32 is False
+    on_cpu = plan_run(Config(tf32=True), CPU, updates_ahead=LONG_RUN, cpus=2)
+    assert on_cpu.tf32 is False and on_cpu.describe().endswith("float32 matmuls")
 
 
 def test_resolve_device() -> None:

@@ -80,7 +80,9 @@ mode: min
     ("base: {run_name: x}", r"base cannot set 'run_name': the sweep sets it for every trial"),
     ("base: {batch_sise: 3}", r"unknown config key 'batch_sise' in .*sweep.yaml's base"),
     ("base: [1, 2]", r"base must be a mapping of training settings, got \[1, 2\]"),
-    ("base: {config: nowhere.yaml}", r"config file 'nowhere.yaml' does not exist \(the base "
+    ("base: {config: nowhere.yaml}", r"config file 'nowhere.yaml' does not exist, and no "
+                                     r"shipped config has that name \(shipped: crossq_mujoco, "
+                                     r".*\) \(the base "
                                      r"config of .*sweep.yaml\)"),
     ("seeds: [1, 2]\nnum_seeds: 2", r"give seeds or num_seeds, not both"),
     ("seeds: [1, 1]", r"seeds .*1"),
