@@ -93,7 +93,9 @@ def page() -> str:
         "## The shipped YAML files",
         "",
         "`configs/` holds one tuned file per algorithm and environment family; the one that "
-        "fits is\npicked when no `--config FILE` is given. A blank cell: the built-in default.",
+        "fits is\npicked when no `--config FILE` is given. `sac_mujoco_parallel` is never "
+        "picked: `--config\nsac_mujoco_parallel` chooses it (the many-env regime, "
+        "[many-envs.md](many-envs.md)). A blank\ncell: the built-in default.",
         "",
         *shipped_rows(),
         "",
