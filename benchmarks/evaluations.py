@@ -11,8 +11,10 @@ its seeds' evaluations, like for like; groups without one are judged, as before,
 training returns. The evaluation's episodes start from ``env.reset(seed=i)`` (episode i), so
 evaluating the same checkpoint again on the same device writes the same file.
 
-Kept as ``<env>__<algo>__evaluation.csv`` in the results folder: ``seed,step,episodes,mean,
-std`` per seed (the checkpoint's env step, and the mean and std of its episodes' returns).
+Kept as ``<env>__<name>__evaluation.csv`` in the results folder, by the group's name (its
+algorithm, ``sac``, or its algorithm and regime, ``sac-32envs``: ``results.py``):
+``seed,step,episodes,mean,std`` per seed (the checkpoint's env step, and the mean and std of
+its episodes' returns).
 """
 
 from __future__ import annotations
@@ -74,9 +76,10 @@ class GroupEvaluations:
                 + f"; mean {means.mean():,.0f} ± {means.std():,.0f}")
 
 
-def evaluations_file(results_dir: Path, env_id: str, algo: str) -> Path:
-    """``<env>__<algo>__evaluation.csv``, beside the group's ``<env>__<algo>.csv``."""
-    return results_dir / f"{env_id}__{algo}__evaluation.csv"
+def evaluations_file(results_dir: Path, env_id: str, name: str) -> Path:
+    """``<env>__<name>__evaluation.csv``, beside the group's ``<env>__<name>.csv`` (its name:
+    ``sac``, or ``sac-32envs`` for a variant)."""
+    return results_dir / f"{env_id}__{name}__evaluation.csv"
 
 
 def evaluate_run(path: Path, episodes: int, device: str) -> tuple[GroupResult, GroupEvaluations]:
@@ -107,25 +110,26 @@ def evaluate_run(path: Path, episodes: int, device: str) -> tuple[GroupResult, G
 
 def collect_evaluations(paths: Sequence[Path], results_dir: Path, episodes: int = EPISODES,
                         device: str = "auto") -> dict[tuple[str, str], GroupEvaluations]:
-    """Evaluate every run folder and keep each group's (pooled as ``collect`` pools its
-    runs) as ``<env>__<algo>__evaluation.csv``, replacing an earlier one."""
+    """Evaluate every run folder and keep each group's (pooled by algorithm, regime and task,
+    as ``collect`` pools its runs) as ``<env>__<name>__evaluation.csv``, replacing an earlier
+    one. Returns them by group key, (env_id, name)."""
     pooled: dict[tuple[str, str], list[SeedEvaluation]] = {}
     for path in paths:
         group, evaluated = evaluate_run(path, episodes, device)
         into = pooled.setdefault(group.key, [])
         clash = {s.seed for s in into} & {s.seed for s in evaluated.seeds}
         if clash:
-            raise ResultsError(f"{group.algo} on {group.env_id}: seed {min(clash)} appears "
+            raise ResultsError(f"{group.label} on {group.env_id}: seed {min(clash)} appears "
                                "in two runs; give each seed once")
         into.extend(evaluated.seeds)
     results_dir.mkdir(parents=True, exist_ok=True)
     kept = {}
-    for (env_id, algo), seeds in pooled.items():
-        kept[(env_id, algo)] = GroupEvaluations(sorted(seeds, key=lambda s: s.seed))
-        with evaluations_file(results_dir, env_id, algo).open("w", newline="") as file:
+    for (env_id, name), seeds in pooled.items():
+        kept[(env_id, name)] = GroupEvaluations(sorted(seeds, key=lambda s: s.seed))
+        with evaluations_file(results_dir, env_id, name).open("w", newline="") as file:
             writer = csv.writer(file)
             writer.writerow(FIELDS)
-            for s in kept[(env_id, algo)].seeds:
+            for s in kept[(env_id, name)].seeds:
                 writer.writerow([s.seed, s.step, s.episodes, f"{s.mean:.2f}", f"{s.std:.2f}"])
     return kept
 
@@ -136,7 +140,7 @@ def load_evaluations(results_dir: Path, groups: Sequence[GroupResult]
     (a group collected again without evaluating them would otherwise show stale ones)."""
     found = {}
     for group in groups:
-        path = evaluations_file(results_dir, group.env_id, group.algo)
+        path = evaluations_file(results_dir, group.env_id, group.name)
         if not path.exists():
             continue
         try:
@@ -177,20 +181,21 @@ def table_notes(groups: Sequence[GroupResult],
              "(the Evaluation IQM column's returns) for the groups marked (evaluation), "
              "against the first published reference; by the mean of the last 10 training "
              "episodes (the Mean ± std column) for the others.", ""]
-    for group in sorted(groups, key=lambda g: (g.env_id, g.algo)):
+    for group in sorted(groups, key=lambda g: g.key):
         evaluated = evaluations.get(group.key)
         if evaluated is not None:
-            lines.append(f"- {group.algo.upper()} on {group.env_id}, evaluation: "
+            lines.append(f"- {group.label} on {group.env_id}, evaluation: "
                          f"{evaluated.note()}.")
     return "\n".join(lines) + "\n"
 
 
-def plot_evaluation(ax: Any, algo: str, evaluation: GroupEvaluations, color: str) -> None:
+def plot_evaluation(ax: Any, label: str, evaluation: GroupEvaluations, color: str) -> None:
     """On a task's figure: the evaluation IQM with its 95% interval as a point at the step of
-    the checkpoint evaluated, in the group's colour."""
+    the checkpoint evaluated, in the group's colour, named by its ``label`` (``SAC``,
+    ``SAC, 32 envs``)."""
     means = evaluation.means()
     point = float(iqm(means))
     low, high = bootstrap_interval(means, iqm)
     step = max(s.step for s in evaluation.seeds)
     ax.errorbar([step], [point], yerr=[[point - low], [high - point]], fmt="D", color=color,
-                capsize=5, markersize=7, label=f"{algo.upper()} evaluation IQM (95% CI)")
+                capsize=5, markersize=7, label=f"{label} evaluation IQM (95% CI)")

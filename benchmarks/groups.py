@@ -1,15 +1,28 @@
 """The MuJoCo table's runs: each group (an algorithm on a task, five seeds in one process, the
-shipped `configs/*_mujoco.yaml`) trained one after another, each to 1M env steps.
+shipped `configs/*_mujoco.yaml` or the `--config` named) trained one after another, each to
+1M env steps.
 
     python benchmarks/groups.py                          # the nine SAC/TD3/DDPG groups
     python benchmarks/groups.py --only sac:Ant-v5 --job-steps 600000   # at most 600k more
     python benchmarks/groups.py --only crossq:Humanoid-v5   # one CrossQ group (issue 52)
     python benchmarks/groups.py --only crossq --only ppo    # every CrossQ and PPO group
+    python benchmarks/groups.py --only sac:Humanoid-v5 --config sac_mujoco_parallel
     python benchmarks/table.py collect runs/sac_ant ...  # then the table (see table.py)
 
 With no ``--only`` it runs the nine SAC, TD3 and DDPG groups it always ran; the five CrossQ
 groups (issue 52) and the five PPO groups (issue 51) run where named, one ``--only ALGO:ENV``
 at a time or ``--only ALGO`` for all of an algorithm's.
+
+``--config NAME`` (a shipped config's name, such as ``sac_mujoco_parallel``, or a YAML file's
+path) starts every new group from that file in place of its task's shipped one: the training
+command gets ``--config NAME`` (rl_graphstep finds a shipped file by its name; a file that
+exists where this is run goes by its full path, as the commands run from the checkout). Such a
+group runs in a folder of its own beside the default one: ``run_name`` plus the file's stem
+less a leading ``<algo>_mujoco_`` or ``<algo>_``, so the fourth example above trains SAC with
+32 envs per seed in ``runs/sac_humanoid_parallel`` (``my/sac_big.yaml`` would give
+``sac_humanoid_big``), and the table keeps it as its own group (``SAC, 32 envs``) beside
+``runs/sac_humanoid``'s. A group already in its folder goes on with its own config: the resumed
+command gets no ``--config`` (``--resume`` keeps the run's config, and refuses one).
 
 Groups run one at a time: processes on one GPU take turns on it, so groups side by side make
 fewer env steps in all than one after another (benchmarks/LOG.md). A group already in
@@ -59,9 +72,24 @@ ALL_GROUPS = [*GROUPS, *CROSSQ_GROUPS, *PPO_GROUPS]
 ALGOS = ("sac", "td3", "ddpg", "crossq", "ppo")
 
 
-def run_name(algo: str, env_id: str) -> str:
-    """``sac_halfcheetah`` for SAC on HalfCheetah-v5."""
-    return f"{algo}_{env_id.split('-')[0].lower()}"
+def config_suffix(algo: str, config: str) -> str:
+    """The run folder's suffix of a group started with ``--config config``: the file's stem
+    less a leading ``<algo>_mujoco_`` or ``<algo>_`` (``parallel`` for SAC with
+    ``sac_mujoco_parallel``, ``big`` with ``my/sac_big.yaml``); the whole stem where neither
+    leads it, or where the one that does is all of it."""
+    stem = Path(config).stem
+    for prefix in (f"{algo}_mujoco_", f"{algo}_"):
+        if stem.startswith(prefix):
+            return stem.removeprefix(prefix) or stem
+    return stem
+
+
+def run_name(algo: str, env_id: str, config: str | None = None) -> str:
+    """``sac_halfcheetah`` for SAC on HalfCheetah-v5; with a ``--config`` file, its
+    ``config_suffix`` after it: ``sac_humanoid_parallel`` for SAC on Humanoid-v5 with
+    ``sac_mujoco_parallel``."""
+    name = f"{algo}_{env_id.split('-')[0].lower()}"
+    return f"{name}_{config_suffix(algo, config)}" if config else name
 
 
 def steps_done(run_dir: Path) -> int:
@@ -72,8 +100,9 @@ def steps_done(run_dir: Path) -> int:
 
 def command(algo: str, env_id: str, run_dir: Path, done: int, args: argparse.Namespace,
             extra: Sequence[str]) -> list[str]:
-    """The training command of this job: a new group (with ``extra``), or the old one resumed
-    (its checkpoint holds its config), to at most ``--job-steps`` further."""
+    """The training command of this job: a new group (with ``extra``, and ``--config`` where
+    ``args.config`` is given), or the old one resumed (its checkpoint holds its config: no
+    ``--config``), to at most ``--job-steps`` further."""
     until = args.total_timesteps if args.job_steps is None else min(
         args.total_timesteps, done + args.job_steps)
     train = [sys.executable, "-m", "rl_graphstep.train"]
@@ -82,7 +111,8 @@ def command(algo: str, env_id: str, run_dir: Path, done: int, args: argparse.Nam
                 "--no-progress"]
     # A PPO run keeps no replay buffer: --save-buffer is a flag it refuses.
     buffer = [] if is_on_policy(algo) else ["--save-buffer"]
-    return [*train, "--algo", algo, "--env", env_id, "--num-seeds", str(args.seeds),
+    config = [] if args.config is None else ["--config", args.config]
+    return [*train, "--algo", algo, "--env", env_id, *config, "--num-seeds", str(args.seeds),
             "--total-timesteps", str(until), *buffer, "--log-dir", str(run_dir.parent),
             "--run-name", run_dir.name, "--checkpoint-every", "100000", "--keep-checkpoints", "1",
             "--no-progress", *settings_of(algo, extra)[0]]
@@ -124,6 +154,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="run this group (repeatable; any env id), or ALGO alone: all of "
                              "its table groups (crossq, ppo: five each); default: the nine "
                              "SAC, TD3 and DDPG groups")
+    parser.add_argument("--config", metavar="NAME",
+                        help="start every new group from this config (a shipped config's "
+                             "name, such as sac_mujoco_parallel, or a YAML file), in a run "
+                             "folder named after it (sac_humanoid_parallel); a resumed group "
+                             "keeps its own")
     parser.add_argument("--log-dir", type=Path, default=Path("runs"))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--total-timesteps", type=int, default=1_000_000,
@@ -133,6 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "held for a limited time (default: to the end)")
     args, extra = parser.parse_known_args(argv)
     args.log_dir = args.log_dir.resolve()  # the training commands run from the checkout
+    if args.config is not None and Path(args.config).is_file():  # a file here, not a name
+        args.config = str(Path(args.config).resolve())
     chosen = [group for named in args.only for group in named] if args.only else GROUPS
     if args.job_steps is not None and any(is_on_policy(algo) for algo, _ in chosen):
         parser.error("--job-steps would end a PPO group's first job at a shorter "
@@ -140,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "run PPO groups without --job-steps (each in one job)")
     failed = 0
     for algo, env_id in dict.fromkeys(chosen):  # each group once, in the order asked
-        run_dir = args.log_dir / run_name(algo, env_id)
+        run_dir = args.log_dir / run_name(algo, env_id, args.config)
         done = steps_done(run_dir)
         if done >= args.total_timesteps:
             print(f"{run_dir}: done ({done:,} steps)", flush=True)

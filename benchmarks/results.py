@@ -9,9 +9,14 @@ time less that launch, plus the whole time of the processes before it where a ru
 Runs logged before the launch was recorded have none: their group's times are estimated from
 an even pace over the wall time their event files span (``GroupResult.estimated``).
 
-A *group* is one algorithm on one task over several seeds: a seed group's folder
-(``--num-seeds K``: ``seed_<s>/`` runs inside, and ``aggregate/``), or single-seed run
-folders of the same algorithm and task, which are pooled.
+A *group* is one algorithm, in one regime, on one task over several seeds: a seed group's
+folder (``--num-seeds K``: ``seed_<s>/`` runs inside, and ``aggregate/``), or single-seed run
+folders of the same algorithm, regime and task, which are pooled. The regime comes from the
+runs' settings: an off-policy group stepping ``num_envs`` > 1 envs per seed (such as
+``configs/sac_mujoco_parallel.yaml``'s 32) is the variant ``32envs``, named ``sac-32envs`` in
+its files and keys and shown as ``SAC, 32 envs``, beside the default group of the same
+algorithm and task (one env per seed, or envs not recorded: no variant, named ``sac``, shown
+as ``SAC``, as before). A PPO group's envs are part of its usual rollouts: never a variant.
 """
 
 from __future__ import annotations
@@ -69,9 +74,26 @@ class SeedCurve:
         return float(self.returns[-last:].mean())
 
 
+def variant_of(algo: str, settings: dict[str, int | None]) -> str:
+    """The regime of a group of ``algo`` with these settings: ``32envs`` for an off-policy
+    group of 32 envs per seed, "" for the default regime (one env per seed or envs not
+    recorded, and every on-policy group, whose envs are part of its usual rollouts)."""
+    num_envs = settings.get("num_envs")
+    if is_on_policy(algo) or not isinstance(num_envs, int) or num_envs <= 1:
+        return ""
+    return f"{num_envs}envs"
+
+
+def group_name(algo: str, settings: dict[str, int | None]) -> str:
+    """The name of a group in file names and keys: ``sac``, or ``sac-32envs`` for a variant."""
+    regime = variant_of(algo, settings)
+    return f"{algo}-{regime}" if regime else algo
+
+
 @dataclass
 class GroupResult:
-    """One algorithm on one task over its seeds, and what the group cost."""
+    """One algorithm in one regime (``variant``) on one task over its seeds, and what the
+    group cost."""
 
     env_id: str
     algo: str
@@ -86,8 +108,26 @@ class GroupResult:
     machine: str = ""  # what ran it (the runs' record; "" where none was kept)
 
     @property
+    def variant(self) -> str:
+        """Its regime: ``32envs`` for an off-policy group of 32 envs per seed, else ""."""
+        return variant_of(self.algo, self.settings)
+
+    @property
+    def name(self) -> str:
+        """``sac``, or ``sac-32envs`` for a variant: its name in file names and keys."""
+        return group_name(self.algo, self.settings)
+
+    @property
+    def label(self) -> str:
+        """What the tables and figures call it: ``SAC``, or ``SAC, 32 envs``."""
+        if not self.variant:
+            return self.algo.upper()
+        return f"{self.algo.upper()}, {self.settings['num_envs']} envs"
+
+    @property
     def key(self) -> tuple[str, str]:
-        return self.env_id, self.algo
+        """(env_id, name): one group per algorithm, regime and task."""
+        return self.env_id, self.name
 
     @property
     def seeds(self) -> list[int]:
@@ -269,8 +309,9 @@ def read_group(path: Path) -> GroupResult:
 
 
 def pool(groups: Iterable[GroupResult]) -> list[GroupResult]:
-    """Groups of the same algorithm and task as one: single-seed runs become a group. Their
-    steps are the fewest any made; their wall time is the total of theirs."""
+    """Groups of the same algorithm, regime and task (``key``) as one: single-seed runs
+    become a group, never pooled with runs of another regime. Their steps are the fewest any
+    made; their wall time is the total of theirs."""
     pooled: dict[tuple[str, str], GroupResult] = {}
     for group in groups:
         if group.key not in pooled:
@@ -281,8 +322,8 @@ def pool(groups: Iterable[GroupResult]) -> list[GroupResult]:
         into = pooled[group.key]
         clash = set(into.seeds) & set(group.seeds)
         if clash:
-            raise ResultsError(f"{group.algo} on {group.env_id}: seed {min(clash)} appears in "
-                               "two runs; give each seed once")
+            raise ResultsError(f"{group.label} on {group.env_id}: seed {min(clash)} appears "
+                               "in two runs; give each seed once")
         into.curves = sorted([*into.curves, *group.curves], key=lambda c: c.seed)
         into.steps = min(into.steps, group.steps)
         into.wall_s += group.wall_s
@@ -292,19 +333,21 @@ def pool(groups: Iterable[GroupResult]) -> list[GroupResult]:
     return list(pooled.values())
 
 
-def returns_file(results_dir: Path, env_id: str, algo: str) -> Path:
-    return results_dir / f"{env_id}__{algo}.csv"
+def returns_file(results_dir: Path, env_id: str, name: str) -> Path:
+    """``<env>__<name>.csv``: a group's returns, by its name (``sac``, ``sac-32envs``)."""
+    return results_dir / f"{env_id}__{name}.csv"
 
 
 def write_results(results_dir: Path, groups: Sequence[GroupResult]) -> list[Path]:
-    """Each group's returns as ``<env>__<algo>.csv`` (seed, step, return, and seconds since
-    launch where every run recorded its launch) and its row of ``groups.csv``, replacing an
-    earlier row of the same algorithm and task. Returns the files written."""
+    """Each group's returns as ``<env>__<name>.csv`` (``returns_file``: seed, step, return,
+    and seconds since launch where every run recorded its launch) and its row of
+    ``groups.csv`` (its regime read back from its settings), replacing an earlier row of the
+    same group (algorithm, regime and task). Returns the files written."""
     results_dir.mkdir(parents=True, exist_ok=True)
     rows = {key: row for key, row in _read_group_rows(results_dir).items()}
     written = []
     for group in groups:
-        path = returns_file(results_dir, group.env_id, group.algo)
+        path = returns_file(results_dir, group.env_id, group.name)
         with path.open("w", newline="") as file:
             writer = csv.writer(file)
             timed = not group.estimated
@@ -330,7 +373,14 @@ def write_results(results_dir: Path, groups: Sequence[GroupResult]) -> list[Path
     return written
 
 
+def _row_settings(row: dict[str, str]) -> dict[str, int | None]:
+    """A ``groups.csv`` row's settings (None where empty or not a column of its file)."""
+    return {name: int(row[name]) if row.get(name) else None for name in SETTINGS}
+
+
 def _read_group_rows(results_dir: Path) -> dict[tuple[str, str], dict[str, str]]:
+    """``groups.csv``'s rows by group key, (env_id, name): the name from the row's algorithm
+    and settings (``num_envs``), as ``GroupResult.key`` gives it."""
     path = results_dir / GROUPS_FILE
     if not path.exists():
         return {}
@@ -341,22 +391,20 @@ def _read_group_rows(results_dir: Path) -> dict[tuple[str, str], dict[str, str]]
         if reader.fieldnames not in (GROUP_FIELDS, UNMACHINED_GROUP_FIELDS,
                                      OFF_POLICY_GROUP_FIELDS, OLD_GROUP_FIELDS):
             raise ResultsError(f"{path}: expected the columns {','.join(GROUP_FIELDS)}")
-        return {(row["env_id"], row["algo"]): {"timed_from": "first event", "machine": "",
-                                                **row}
-                for row in reader}
+        return {(row["env_id"], group_name(row["algo"], _row_settings(row))):
+                {"timed_from": "first event", "machine": "", **row} for row in reader}
 
 
 def load_results(results_dir: Path) -> list[GroupResult]:
-    """Every group ``write_results`` kept in ``results_dir``."""
+    """Every group ``write_results`` kept in ``results_dir``, sorted by (env_id, name)."""
     rows = _read_group_rows(results_dir)
     if not rows:
         raise ResultsError(f"{results_dir}: no {GROUPS_FILE}; run 'table.py collect' first")
     groups = []
-    for (env_id, algo), row in sorted(rows.items()):
-        curves = _read_returns(returns_file(results_dir, env_id, algo), row["seeds"])
-        settings = {name: int(row[name]) if row.get(name) else None for name in SETTINGS}
-        groups.append(GroupResult(env_id, algo, curves, int(row["steps"]),
-                                  float(row["wall_s"]), settings, row["timed_from"],
+    for (env_id, name), row in sorted(rows.items()):
+        curves = _read_returns(returns_file(results_dir, env_id, name), row["seeds"])
+        groups.append(GroupResult(env_id, row["algo"], curves, int(row["steps"]),
+                                  float(row["wall_s"]), _row_settings(row), row["timed_from"],
                                   row["machine"]))
     return groups
 
@@ -383,7 +431,8 @@ def _read_returns(path: Path, seeds: str) -> list[SeedCurve]:
 
 
 def collect(paths: Sequence[Path], results_dir: Path) -> list[GroupResult]:
-    """Read the run folders, pool them by algorithm and task, keep them as CSV files."""
+    """Read the run folders, pool them by algorithm, regime and task, keep them as CSV
+    files."""
     # The accumulator warns when it drops a crashed run's events past a resume point; that is
     # how resumed runs are read, so keep it quiet.
     logging.getLogger("tensorboard").setLevel(logging.ERROR)

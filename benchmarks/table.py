@@ -1,33 +1,39 @@
-"""The benchmark table: each algorithm on each task over its seeds, beside the published
-numbers, with one learning-curve figure per task and one across tasks.
+"""The benchmark table: each algorithm (in each of its regimes) on each task over its seeds,
+beside the published numbers, with one learning-curve figure per task and one across tasks.
 
     python benchmarks/table.py collect RUN_DIR [RUN_DIR ...] \\
         [--results benchmarks/mujoco_results] [--evaluate [--device auto]]
     python benchmarks/table.py report [--results benchmarks/mujoco_results] \\
         [--references benchmarks/references.csv]
 
-``collect`` reads seed-group folders (``--num-seeds K``) or single-seed run folders (pooled by
-algorithm and task) into CSV files in ``--results``; ``report`` builds, from those files
-alone, ``table.md`` (also printed), ``summary.md`` (the README's short form: each group's IQM
-beside the published mean), ``<task>.png`` and ``aggregate.png`` there; and the wall-clock
-axis (``wallclock.py``): ``wallclock.md`` (also printed; time from launch to the first
-reference's mean, the IQM at 15 minutes, env steps/s and gradient samples/s),
-``wallclock_summary.md`` (its short form) and ``<task>_wallclock.png``. ``collect --evaluate``
-also evaluates each run's latest checkpoint (10 deterministic episodes per seed) into the
-table's evaluation column (``evaluations.py``).
+A group is an algorithm in one regime on one task (``results.py``): the default regime is
+named by the algorithm (``SAC``); an off-policy group of more than one env per seed is a
+variant named by its envs (``SAC, 32 envs``, from ``configs/sac_mujoco_parallel.yaml``), kept
+and shown beside the default group of the same algorithm and task, and judged against the
+same references. ``collect`` reads seed-group folders (``--num-seeds K``) or single-seed run
+folders (pooled by algorithm, regime and task) into CSV files in ``--results``; ``report``
+builds, from those files alone, ``table.md`` (also printed), ``summary.md`` (the README's
+short form: each group's IQM beside the published mean, a column per algorithm and regime),
+``<task>.png`` and ``aggregate.png`` there; and the wall-clock axis (``wallclock.py``):
+``wallclock.md`` (also printed; time from launch to the first reference's mean, the IQM at
+15 minutes, env steps/s and gradient samples/s), ``wallclock_summary.md`` (its short form)
+and ``<task>_wallclock.png``. ``collect --evaluate`` also evaluates each run's latest
+checkpoint (10 deterministic episodes per seed) into the table's evaluation column
+(``evaluations.py``).
 
 Per group: each seed's mean return over its last 10 episodes; their mean ± std (numpy's,
 over the seeds) and interquartile mean with its 95% percentile-bootstrap interval; the wall
 time and env steps/s of all seeds together, and the machine that ran it (its runs' record,
 "not recorded" for runs older than the record). Beside it the references of the same algorithm
-on the same task (``references.csv``); the first listed is the one the group is judged
-against: within range when the seeds' mean is at least the reference's mean minus its std
-(the mean of their evaluations, for a group collected with ``--evaluate``).
-The figure across tasks normalises each return by that reference's mean (1 = the published
-number) and shows, per algorithm, the IQM over all its runs with a 95% stratified-bootstrap
-interval, and the performance profile (the fraction of runs above each normalised score), as
-rliable's reports do; computed with numpy (rliable itself brings statsmodels, arch, scipy
-and seaborn). Figures need matplotlib (``pip install -e ".[plot]"``).
+on the same task (``references.csv``; a variant's are its algorithm's); the first listed is
+the one the group is judged against: within range when the seeds' mean is at least the
+reference's mean minus its std (the mean of their evaluations, for a group collected with
+``--evaluate``). The figure across tasks normalises each return by that reference's mean
+(1 = the published number) and shows, per algorithm and regime, the IQM over all its runs
+with a 95% stratified-bootstrap interval, and the performance profile (the fraction of runs
+above each normalised score), as rliable's reports do; computed with numpy (rliable itself
+brings statsmodels, arch, scipy and seaborn). Figures need matplotlib
+(``pip install -e ".[plot]"``).
 """
 
 from __future__ import annotations
@@ -135,8 +141,9 @@ def _duration(seconds: float) -> str:
 def table(groups: Sequence[GroupResult],
           references: dict[tuple[str, str], list[Reference]],
           evaluations: dict[tuple[str, str], GroupEvaluations] | None = None) -> str:
-    """The Markdown table, one row per group, task by task; with an Evaluation IQM column
-    (and notes under the table) where some group has ``evaluations``."""
+    """The Markdown table, one row per group (by env_id and name, labelled ``SAC`` or
+    ``SAC, 32 envs``), task by task; with an Evaluation IQM column (and notes under the
+    table) where some group has ``evaluations``."""
     column = "Evaluation IQM [95% CI] | " if evaluations else ""
     lines = [
         f"| Task | Algorithm | Seeds (mean of last {LAST_EPISODES} episodes) | Mean ± std | "
@@ -144,7 +151,7 @@ def table(groups: Sequence[GroupResult],
         "Env steps/s | Machine |",
         "|---|---|---|---:|---:|" + ("---:|" if evaluations else "") + "---|:---:|---:|---:|---|",
     ]
-    for group in sorted(groups, key=lambda g: (g.env_id, g.algo)):
+    for group in sorted(groups, key=lambda g: g.key):
         finals = group.finals()
         low, high = bootstrap_interval(finals, iqm)
         found = references.get((group.algo, task_of(group.env_id)), [])
@@ -160,7 +167,7 @@ def table(groups: Sequence[GroupResult],
         seeds = ", ".join(f"{seed}: {_number(value)}"
                           for seed, value in zip(group.seeds, finals, strict=True))
         lines.append(
-            f"| {group.env_id} | {group.algo.upper()} | {seeds} | {_number(finals.mean())} ± "
+            f"| {group.env_id} | {group.label} | {seeds} | {_number(finals.mean())} ± "
             f"{_number(finals.std())} | {_number(iqm(finals))} [{_number(low)}, "
             f"{_number(high)}] | {cell}{published} | {within} | "
             f"{_duration(group.wall_s)} | {_number(group.env_steps_per_s)} | "
@@ -171,21 +178,22 @@ def table(groups: Sequence[GroupResult],
 def summary(groups: Sequence[GroupResult],
             references: dict[tuple[str, str], list[Reference]],
             evaluations: dict[tuple[str, str], GroupEvaluations] | None = None) -> str:
-    """The README's short form: a row per task, a column per algorithm, each cell the seeds'
-    IQM, the IQM of their evaluations where kept (``eval 10,480``) and, in brackets, the
-    first published mean."""
-    algos = sorted({g.algo for g in groups})
+    """The README's short form: a row per task, a column per group label in name order
+    (``SAC`` and ``SAC, 32 envs`` side by side), each cell the seeds' IQM, the IQM of their
+    evaluations where kept (``eval 10,480``) and, in brackets, the first published mean of
+    the group's algorithm."""
+    labels = {g.name: g.label for g in sorted(groups, key=lambda g: g.name)}
     cells = {g.key: g for g in groups}
-    lines = ["| Task | " + " | ".join(a.upper() for a in algos) + " |",
-             "|---|" + "---:|" * len(algos)]
+    lines = ["| Task | " + " | ".join(labels.values()) + " |",
+             "|---|" + "---:|" * len(labels)]
     for env_id in sorted({g.env_id for g in groups}):
         row = []
-        for algo in algos:
-            group = cells.get((env_id, algo))
+        for name in labels:
+            group = cells.get((env_id, name))
             if group is None:
                 row.append("")
                 continue
-            found = references.get((algo, task_of(env_id)))
+            found = references.get((group.algo, task_of(env_id)))
             published = f" ({_number(found[0].mean)})" if found else ""
             evaluation = (evaluations or {}).get(group.key)
             evaluated = "" if evaluation is None else f"; eval {_number(iqm(evaluation.means()))}"
@@ -214,7 +222,7 @@ def first_references(groups: Sequence[GroupResult],
                      references: dict[tuple[str, str], list[Reference]]
                      ) -> dict[tuple[str, str], Threshold]:
     """group key -> the mean of the first reference of its algorithm and task (the one it is
-    judged against), the threshold of its time to result."""
+    judged against, whatever its regime), the threshold of its time to result."""
     thresholds = {}
     for group in groups:
         found = references.get((group.algo, task_of(group.env_id)))
@@ -226,27 +234,29 @@ def first_references(groups: Sequence[GroupResult],
 def normalised_scores(groups: Sequence[GroupResult],
                       references: dict[tuple[str, str], list[Reference]]
                       ) -> dict[str, list[np.ndarray]]:
-    """algo -> one array per task it ran: its seeds' returns over the first reference's mean."""
+    """group label (``SAC``, ``SAC, 32 envs``) -> one array per task it ran: its seeds'
+    returns over the mean of its algorithm's first reference on that task."""
     scores: dict[str, list[np.ndarray]] = {}
-    for group in groups:
+    for group in sorted(groups, key=lambda g: g.key):
         found = references.get((group.algo, task_of(group.env_id)))
         if found:
-            scores.setdefault(group.algo, []).append(group.finals() / found[0].mean)
+            scores.setdefault(group.label, []).append(group.finals() / found[0].mean)
     return scores
 
 
 def plot_task(path: Path, task: str, groups: Sequence[GroupResult],
               references: dict[tuple[str, str], list[Reference]],
               evaluations: dict[tuple[str, str], GroupEvaluations] | None = None) -> None:
-    """One task's figure: every seed thin, each algorithm's IQM and its 95% band thick, each
-    algorithm's first reference dashed, and its evaluation IQM (where kept) a point."""
+    """One task's figure: every seed thin, each group's IQM and its 95% band thick (in name
+    order, labelled ``SAC`` or ``SAC, 32 envs``), the first reference of each group's
+    algorithm dashed, and its evaluation IQM (where kept) a point."""
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
     from plot_curve import format_steps
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, group in enumerate(sorted(groups, key=lambda g: g.algo)):
+    for i, group in enumerate(sorted(groups, key=lambda g: g.key)):
         color = colors[i % len(colors)]
         grid, rows = smoothed_curves(group)
         for row in rows:
@@ -254,13 +264,13 @@ def plot_task(path: Path, task: str, groups: Sequence[GroupResult],
         bands = iqm_band(rows)
         ax.fill_between(grid, bands[0], bands[1], color=color, alpha=0.2, linewidth=0)
         ax.plot(grid, iqm(rows, axis=0), color=color, linewidth=2.4,
-                label=f"{group.algo.upper()} IQM of {len(rows)} seeds (95% CI)")
+                label=f"{group.label} IQM of {len(rows)} seeds (95% CI)")
         if group.key in (evaluations or {}):
-            plot_evaluation(ax, group.algo, evaluations[group.key], color)
+            plot_evaluation(ax, group.label, evaluations[group.key], color)
         found = references.get((group.algo, task_of(group.env_id)))
         if found:
             ax.axhline(found[0].mean, color=color, linestyle="--", linewidth=1.1,
-                       label=f"{group.algo.upper()} {found[0].label()}")
+                       label=f"{group.label} {found[0].label()}")
     ax.xaxis.set_major_formatter(FuncFormatter(format_steps))
     ax.set_xlabel("environment steps")
     ax.set_ylabel(f"episodic return (mean of {LAST_EPISODES} episodes)")
@@ -281,18 +291,19 @@ def iqm_band(rows: np.ndarray, resamples: int = 1000) -> tuple[np.ndarray, np.nd
 
 
 def plot_aggregate(path: Path, scores: dict[str, list[np.ndarray]]) -> None:
-    """Across tasks, per algorithm: the IQM of the normalised scores with its 95% stratified
-    bootstrap interval, and the performance profile with its band."""
+    """Across tasks, per group label (an algorithm in one regime, as ``normalised_scores``
+    keys them): the IQM of the normalised scores with its 95% stratified bootstrap interval,
+    and the performance profile with its band."""
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5), dpi=120)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    algos = sorted(scores)
-    pooled = np.concatenate([s for algo in algos for s in scores[algo]])
+    labels = sorted(scores)
+    pooled = np.concatenate([s for label in labels for s in scores[label]])
     thresholds = np.linspace(0.0, max(1.5, float(pooled.max()) * 1.05), 101)
-    for i, algo in enumerate(algos):
+    for i, label in enumerate(labels):
         color = colors[i % len(colors)]
-        tasks = scores[algo]
+        tasks = scores[label]
         point = iqm(np.concatenate(tasks))
         low, high = percentile_interval(stratified_resamples(tasks, iqm))
         left.errorbar([point], [i], xerr=[[point - low], [high - point]], fmt="o", color=color,
@@ -302,8 +313,8 @@ def plot_aggregate(path: Path, scores: dict[str, list[np.ndarray]]) -> None:
             tasks, lambda draws, axis: performance_profile(draws, thresholds, axis=axis)))
         right.fill_between(thresholds, band[0], band[1], color=color, alpha=0.2, linewidth=0)
         right.plot(thresholds, profile, color=color, linewidth=2,
-                   label=f"{algo.upper()} ({len(tasks)} task{'s' if len(tasks) > 1 else ''})")
-    left.set_yticks(range(len(algos)), [a.upper() for a in algos])
+                   label=f"{label} ({len(tasks)} task{'s' if len(tasks) > 1 else ''})")
+    left.set_yticks(range(len(labels)), labels)
     left.axvline(1.0, color="black", linestyle="--", linewidth=1)
     left.set_xlabel("IQM of return / published mean (95% CI)")
     left.grid(True, axis="x", alpha=0.3)
@@ -376,13 +387,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "collect":
-            for group in collect(args.runs, args.results):
-                print(f"{group.algo} on {group.env_id}: seeds {group.seeds}, {group.steps:,} "
-                      f"steps each, {_duration(group.wall_s)}")
+            collected = collect(args.runs, args.results)
+            for group in collected:
+                print(f"{group.label} on {group.env_id}: seeds {group.seeds}, "
+                      f"{group.steps:,} steps each, {_duration(group.wall_s)}")
             if args.evaluate:
-                for (env_id, algo), kept in collect_evaluations(
-                        args.runs, args.results, device=args.device).items():
-                    print(f"{algo} on {env_id}: evaluated, IQM {kept.cell()}")
+                labels = {group.key: group.label for group in collected}
+                for key, kept in collect_evaluations(args.runs, args.results,
+                                                     device=args.device).items():
+                    print(f"{labels.get(key, key[1])} on {key[0]}: evaluated, "
+                          f"IQM {kept.cell()}")
         else:
             for path in report(args.results, args.references):
                 print(f"wrote {path}")

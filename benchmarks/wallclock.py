@@ -170,9 +170,10 @@ class WallClockRow:
 
 def wallclock_rows(groups: Sequence[GroupResult], thresholds: dict[tuple[str, str], Threshold],
                    budget_s: float = BUDGET_S) -> list[WallClockRow]:
-    """The table's rows, task by task; a group without a reference has no time to one."""
+    """The table's rows, by env_id and group name (``sac`` before ``sac-32envs``); a group
+    without a reference has no time to one."""
     rows = []
-    for group in sorted(groups, key=lambda g: (g.env_id, g.algo)):
+    for group in sorted(groups, key=lambda g: g.key):
         threshold = thresholds.get(group.key)
         reached = step = None
         if threshold is not None:
@@ -213,7 +214,8 @@ def _samples(value: float | None) -> str:
 
 
 def wallclock_table(rows: Sequence[WallClockRow], budget_s: float = BUDGET_S) -> str:
-    """The Markdown table, one row per group, and what its columns mean."""
+    """The Markdown table, one row per group (labelled ``SAC`` or ``SAC, 32 envs``), and
+    what its columns mean."""
     budget = minutes(budget_s)
     lines = [
         "| Task | Algorithm | Seeds | Threshold (reference) | Time to threshold [95% CI] | "
@@ -228,7 +230,7 @@ def wallclock_table(rows: Sequence[WallClockRow], budget_s: float = BUDGET_S) ->
         step = "-" if row.reached_step is None else f"{row.reached_step:,}"
         times = "even pace (estimated)" if group.estimated else "since launch"
         lines.append(
-            f"| {group.env_id} | {group.algo.upper()} | {len(group.curves)} | {threshold} | "
+            f"| {group.env_id} | {group.label} | {len(group.curves)} | {threshold} | "
             f"{_reached(row)} | {step} | {_at_budget(row, budget_s)} | "
             f"{minutes(group.wall_s)} | {_number(group.env_steps_per_s)} | "
             f"{_samples(group.gradient_samples_per_s)} | {times} |")
@@ -279,7 +281,7 @@ def wallclock_summary(rows: Sequence[WallClockRow], budget_s: float = BUDGET_S) 
              f"IQM at {minutes(budget_s)} |", "|---|---|---:|---:|---:|"]
     for row in rows:
         threshold = "-" if row.threshold is None else _number(row.threshold.value)
-        lines.append(f"| {row.group.env_id} | {row.group.algo.upper()} | {threshold} | "
+        lines.append(f"| {row.group.env_id} | {row.group.label} | {threshold} | "
                      f"{_reached(row)} | {_at_budget(row, budget_s)} |")
     if any(row.group.estimated for row in rows):
         lines += ["", "≈: estimated from an even pace over the group's recorded wall time "
@@ -290,14 +292,15 @@ def wallclock_summary(rows: Sequence[WallClockRow], budget_s: float = BUDGET_S) 
 def plot_wallclock(path: object, task: str, groups: Sequence[GroupResult],
                    thresholds: dict[tuple[str, str], Threshold],
                    budget_s: float = BUDGET_S) -> None:
-    """One task's figure against wall time: each algorithm's IQM over its seeds with its 95%
-    band, its threshold dashed, the budget dotted."""
+    """One task's figure against wall time: each group's IQM over its seeds with its 95%
+    band (in name order, labelled ``SAC`` or ``SAC, 32 envs``), its threshold dashed, the
+    budget dotted."""
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=120)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     estimated = False
-    for i, group in enumerate(sorted(groups, key=lambda g: g.algo)):
+    for i, group in enumerate(sorted(groups, key=lambda g: g.key)):
         color = colors[i % len(colors)]
         curves = time_curves(group)
         estimated |= group.estimated
@@ -305,11 +308,11 @@ def plot_wallclock(path: object, task: str, groups: Sequence[GroupResult],
         grid = curves.grid / 60
         ax.fill_between(grid, low, high, color=color, alpha=0.2, linewidth=0, step="post")
         ax.step(grid, iqm_curve(curves.rows), where="post", color=color, linewidth=2,
-                label=f"{group.algo.upper()} IQM of {len(group.curves)} seeds (95% CI)")
+                label=f"{group.label} IQM of {len(group.curves)} seeds (95% CI)")
         threshold = thresholds.get(group.key)
         if threshold is not None:
             ax.axhline(threshold.value, color=color, linestyle="--", linewidth=1.1,
-                       label=f"{group.algo.upper()} {threshold.label}")
+                       label=f"{group.label} {threshold.label}")
     if ax.get_xlim()[1] >= budget_s / 60:
         ax.axvline(budget_s / 60, color="black", linestyle=":", linewidth=1,
                    label=f"{minutes(budget_s)} budget")

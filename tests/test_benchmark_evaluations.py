@@ -134,3 +134,46 @@ def test_an_evaluation_of_other_seeds_is_one_line(tmp_path: Path,
     assert err == (f"table.py: error: {results / 'Hopper-v5__sac__evaluation.csv'}: seeds 1, "
                    "but groups.csv has 1 2; collect the group's runs again with --evaluate, "
                    "or delete the file")
+
+
+def test_a_32_env_groups_evaluation_is_its_own(tmp_path: Path) -> None:
+    """SAC on Hopper in both regimes, only the 32-env group evaluated (means 100, 120, 140,
+    kept as ``Hopper-v5__sac-32envs__evaluation.csv``): its row gives the evaluation IQM and
+    is judged by it against SAC's reference (120 >= 90 - 20, where its training mean of 40
+    would be out of range); the default group's row has none."""
+    table, results, evaluations = load("table"), load("results"), load("evaluations")
+    curve = results.SeedCurve
+    settings = {**dict.fromkeys(results.SETTINGS), "num_envs": 32, "batch_size": 2048,
+                "updates_per_step": 4, "learning_starts": 5000}
+    parallel = results.GroupResult("Hopper-v5", "sac", [
+        curve(seed, np.array([1000]), np.array([40.0])) for seed in (1, 2, 3)], 1000, 10.0,
+        settings)
+    default = results.GroupResult("Hopper-v5", "sac", [
+        curve(seed, np.array([1000]), np.array([value]))
+        for seed, value in ((1, 60.0), (2, 100.0))], 1000, 10.0)
+    folder = tmp_path / "results"
+    results.write_results(folder, [default, parallel])
+    kept = evaluations.evaluations_file(folder, "Hopper-v5", parallel.name)
+    assert kept == folder / "Hopper-v5__sac-32envs__evaluation.csv"
+    kept.write_text("seed,step,episodes,mean,std\n1,1000,10,100.00,1.00\n"
+                    "2,1000,10,120.00,2.00\n3,1000,10,140.00,3.00\n")
+    found = evaluations.load_evaluations(folder, results.load_results(folder))
+    assert list(found) == [("Hopper-v5", "sac-32envs")]
+    references = tmp_path / "references.csv"
+    references.write_text(REFERENCES)
+    assert table.main(["report", "--results", str(folder), "--references",
+                       str(references)]) == 0
+    text = (folder / "table.md").read_text()
+    sac, many = text.splitlines()[2:4]
+    low, high = bootstrap_interval([100.0, 120.0, 140.0], iqm)
+    assert cells(many)[:8] == [
+        "Hopper-v5", "SAC, 32 envs", "1: 40, 2: 40, 3: 40", "40 ± 0", "40 [40, 40]",
+        f"120 [{low:,.0f}, {high:,.0f}]", "CleanRL (Hopper-v4): 90 ± 20", "yes (evaluation)"]
+    assert cells(sac)[:8] == ["Hopper-v5", "SAC", "1: 60, 2: 100", "80 ± 20", "80 [60, 100]",
+                              "-", "CleanRL (Hopper-v4): 90 ± 20", "yes"]
+    assert ("- SAC, 32 envs on Hopper-v5, evaluation: the checkpoint of step 1,000, 10 "
+            "deterministic episodes per seed; 1: 100, 2: 120, 3: 140; mean 120 ± 16."
+            ) in text.splitlines()
+    assert (folder / "summary.md").read_text().splitlines() == [
+        "| Task | SAC | SAC, 32 envs |", "|---|---:|---:|",
+        "| Hopper-v5 | 80 (90) | 40; eval 120 (90) |"]

@@ -4,6 +4,7 @@ the full length, the third finds it done), read by the table's collect (short CP
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 from pathlib import Path
 
@@ -68,9 +69,11 @@ def test_the_crossq_and_ppo_groups_are_named_by_algo_alone() -> None:
     assert not {"crossq", "ppo"} & {algo for algo, _ in groups.GROUPS}  # the default: nine
 
 
-def new_group_command(algo: str, env_id: str, log_dir: Path, extra: list[str]) -> list[str]:
-    args = argparse.Namespace(total_timesteps=1_000_000, job_steps=None, seeds=5)
-    return groups.command(algo, env_id, log_dir / groups.run_name(algo, env_id), 0, args, extra)
+def new_group_command(algo: str, env_id: str, log_dir: Path, extra: list[str],
+                      config: str | None = None) -> list[str]:
+    args = argparse.Namespace(total_timesteps=1_000_000, job_steps=None, seeds=5, config=config)
+    return groups.command(algo, env_id, log_dir / groups.run_name(algo, env_id, config), 0,
+                          args, extra)
 
 
 def test_a_crossq_group_is_started_as_the_off_policy_groups_are(tmp_path: Path) -> None:
@@ -145,3 +148,68 @@ def test_job_steps_are_refused_for_ppo_groups(tmp_path: Path,
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert ": error: --job-steps would end a PPO group's first job at a shorter" in err
     assert not any(tmp_path.iterdir())  # nothing ran
+
+
+def test_a_config_starts_new_groups_in_a_folder_of_their_own(tmp_path: Path) -> None:
+    """``--config sac_mujoco_parallel``: the new group's command names the shipped file, whose
+    settings the training command then reads (32 envs per seed, 4 updates of 2,048 rows), in
+    ``sac_humanoid_parallel`` beside the default ``sac_humanoid``."""
+    assert groups.run_name("sac", "Humanoid-v5", "sac_mujoco_parallel") == (
+        "sac_humanoid_parallel")
+    assert groups.run_name("sac", "Humanoid-v5", "my/sac_big.yaml") == "sac_humanoid_big"
+    assert groups.run_name("sac", "Humanoid-v5", "sac_mujoco") == "sac_humanoid_mujoco"
+    assert groups.run_name("sac", "Humanoid-v5", None) == "sac_humanoid"
+    assert groups.config_suffix("td3", "sac_mujoco_parallel") == "sac_mujoco_parallel"
+    assert groups.config_suffix("sac", "sac_") == "sac_"  # nothing left: the whole stem
+    cmd = new_group_command("sac", "Humanoid-v5", tmp_path, ["--device", "cuda"],
+                            config="sac_mujoco_parallel")
+    assert cmd == [sys.executable, "-m", "rl_graphstep.train", "--algo", "sac", "--env",
+                   "Humanoid-v5", "--config", "sac_mujoco_parallel", "--num-seeds", "5",
+                   "--total-timesteps", "1000000", "--save-buffer", "--log-dir",
+                   str(tmp_path), "--run-name", "sac_humanoid_parallel", "--checkpoint-every",
+                   "100000", "--keep-checkpoints", "1", "--no-progress", "--device", "cuda"]
+    cfg = load_config(cmd[3:])
+    assert (cfg.algo, cfg.num_envs, cfg.batch_size, cfg.updates_per_step) == ("sac", 32, 2048, 4)
+    assert (cfg.num_seeds, cfg.run_name) == (5, "sac_humanoid_parallel")
+
+
+def test_a_resumed_group_keeps_its_own_config(tmp_path: Path) -> None:
+    """Its checkpoint holds its config; ``--resume`` refuses ``--config``, so none is given."""
+    args = argparse.Namespace(total_timesteps=1_000_000, job_steps=None, seeds=5,
+                              config="sac_mujoco_parallel")
+    run_dir = tmp_path / "sac_humanoid_parallel"
+    cmd = groups.command("sac", "Humanoid-v5", run_dir, 300_000, args, ["--device", "cuda"])
+    assert cmd == [sys.executable, "-m", "rl_graphstep.train", "--resume", str(run_dir),
+                   "--total-timesteps", "1000000", "--no-progress"]
+
+
+def test_main_hands_the_config_to_new_groups_only(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """What main runs (the training commands caught): a shipped name passed as given, a YAML
+    file here by its full path (the commands run from the checkout), each group in its
+    config's folder; a group already under way resumed without it."""
+    ran: list[list[str]] = []
+
+    def run(cmd: list[str], cwd: Path, check: bool) -> subprocess.CompletedProcess[str]:
+        ran.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(groups.subprocess, "run", run)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sac_big.yaml").write_text("batch_size: 512\n")
+    only = ["--only", "sac:Humanoid-v5", "--log-dir", "runs"]
+    assert groups.main([*only, "--config", "sac_mujoco_parallel"]) == 0
+    assert groups.main([*only, "--config", "sac_big.yaml"]) == 0
+    monkeypatch.setattr(groups, "steps_done", lambda run_dir: 200_000)
+    assert groups.main([*only, "--config", "sac_mujoco_parallel"]) == 0
+
+    def after(cmd: list[str], flag: str) -> str | None:
+        return cmd[cmd.index(flag) + 1] if flag in cmd else None
+
+    runs = (tmp_path / "runs").resolve()
+    assert [(after(cmd, "--config"), after(cmd, "--run-name"), after(cmd, "--resume"))
+            for cmd in ran] == [
+        ("sac_mujoco_parallel", "sac_humanoid_parallel", None),
+        (str((tmp_path / "sac_big.yaml").resolve()), "sac_humanoid_big", None),
+        (None, None, str(runs / "sac_humanoid_parallel"))]
+    assert after(ran[0], "--log-dir") == str(runs)

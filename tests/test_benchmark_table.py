@@ -58,12 +58,14 @@ def config_table(env_id: str, algo: str, seed: int) -> str:
 
 
 def write_run(run_dir: Path, env_id: str, algo: str, seed: int,
-              episodes: list[tuple[int, float]], seconds: float) -> None:
-    """A single-seed run's event file: its config and episodes, the last ``seconds`` after
-    the file was opened."""
+              episodes: list[tuple[int, float]], seconds: float,
+              settings: dict[str, int] | None = None) -> None:
+    """A single-seed run's event file: its config (with ``settings``) and episodes, the last
+    ``seconds`` after the file was opened."""
     writer = SummaryWriter(str(run_dir))
     start = time.time()
-    writer.add_text("hyperparameters", config_table(env_id, algo, seed))
+    extra = "".join(f"\n| {key} | {value} |" for key, value in (settings or {}).items())
+    writer.add_text("hyperparameters", config_table(env_id, algo, seed) + extra)
     for i, (step, value) in enumerate(episodes):
         at = start + seconds * (i + 1) / len(episodes)
         writer.add_scalar("charts/episodic_return", value, step, walltime=at)
@@ -189,7 +191,7 @@ def test_the_normalised_scores_divide_by_the_first_reference(runs: dict[str, Pat
     table, results = load("table"), load("results")
     groups = results.pool(results.read_group(runs["td3"] / f"td3_{s}") for s in (1, 2, 3))
     scores = table.normalised_scores(groups, table.read_references(runs["references"]))
-    np.testing.assert_allclose(scores["td3"][0], np.array([906.5, 1106.5, 2000.0]) / 1000)
+    np.testing.assert_allclose(scores["TD3"][0], np.array([906.5, 1106.5, 2000.0]) / 1000)
     grid, rows = table.smoothed_curves(groups[0])
     assert rows.shape == (3, table.CURVE_POINTS)
     # Seed 1's trailing mean of 10 at its last episode: returns 902..911.
@@ -198,7 +200,7 @@ def test_the_normalised_scores_divide_by_the_first_reference(runs: dict[str, Pat
 
 @pytest.mark.parametrize(("setup", "message"), [
     ("empty", "no tensorboard event files in this folder"),
-    ("twice", "td3 on HalfCheetah-v5: seed 1 appears in two runs; give each seed once"),
+    ("twice", "TD3 on HalfCheetah-v5: seed 1 appears in two runs; give each seed once"),
 ])
 def test_a_run_that_cannot_be_read_is_one_line(runs: dict[str, Path], tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str], setup: str,
@@ -282,3 +284,137 @@ def test_a_ppo_group_is_judged_against_ppos_references(tmp_path: Path) -> None:
                                       "updates_per_step": None, "learning_starts": None,
                                       "num_steps": 2048, "num_minibatches": 32,
                                       "update_epochs": 10}
+
+
+# SAC's settings in its two regimes: configs/sac_mujoco.yaml's one env per seed, and
+# configs/sac_mujoco_parallel.yaml's 32 envs per seed with 4 updates of 2,048 rows per step.
+DEFAULT_SAC = {"num_envs": 1, "batch_size": 256, "updates_per_step": 1, "learning_starts": 5000}
+PARALLEL_SAC = {"num_envs": 32, "batch_size": 2048, "updates_per_step": 4,
+                "learning_starts": 5000}
+
+
+def row_cells(path: Path, label: str) -> list[str]:
+    """The cells of the one row of a Markdown table whose second cell is ``label``."""
+    (row,) = [r for r in path.read_text().splitlines() if f"| {label} |" in r]
+    return [cell.strip() for cell in row.strip("|").split("|")]
+
+
+def test_a_32_env_group_sits_beside_the_default_group_of_its_task(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """SAC on Humanoid-v5 in both regimes, against the shipped references.csv (SAC's first,
+    CleanRL's 4,996.29 ± 686.40): two groups, two returns files, two rows of groups.csv; each
+    row labelled by its regime and judged against SAC's reference; one summary column each.
+    Collecting the 32-env group again replaces its own row only."""
+    table, results = load("table"), load("results")
+    write_group(tmp_path / "sac_humanoid", "Humanoid-v5", "sac",
+                {1: 4500.0, 2: 4800.0, 3: 5200.0}, DEFAULT_SAC, 102_400, 100.0)
+    write_group(tmp_path / "sac_humanoid_parallel", "Humanoid-v5", "sac",
+                {1: 3000.0, 2: 3500.0}, PARALLEL_SAC, 102_400, 50.0)
+    out = tmp_path / "results"
+    assert table.main(["collect", str(tmp_path / "sac_humanoid"),
+                       str(tmp_path / "sac_humanoid_parallel"), "--results", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "SAC on Humanoid-v5: seeds [1, 2, 3], 102,400 steps each" in printed
+    assert "SAC, 32 envs on Humanoid-v5: seeds [1, 2], 102,400 steps each" in printed
+    assert (out / "Humanoid-v5__sac.csv").exists()
+    assert (out / "Humanoid-v5__sac-32envs.csv").exists()
+    rows = (out / "groups.csv").read_text().splitlines()
+    assert [row.split(",")[:7] for row in rows[1:]] == [
+        ["Humanoid-v5", "sac", "1 2 3", "102400", "100.00", "3072", "1"],
+        ["Humanoid-v5", "sac", "1 2", "102400", "50.00", "4096", "32"]]
+    loaded = results.load_results(out)
+    assert [(g.key, g.variant, g.name, g.label) for g in loaded] == [
+        (("Humanoid-v5", "sac"), "", "sac", "SAC"),
+        (("Humanoid-v5", "sac-32envs"), "32envs", "sac-32envs", "SAC, 32 envs")]
+    default, parallel = loaded
+    assert default.seeds == [1, 2, 3] and parallel.seeds == [1, 2]
+    np.testing.assert_allclose(parallel.finals(), [3000.0, 3500.0])
+    # (102,400 - 5,000) // 32 = 3,043 vector steps of 4 updates of 2,048 rows, for 2 seeds.
+    assert parallel.gradient_samples == 2 * 3043 * 4 * 2048
+    assert default.gradient_samples == 3 * 97_400 * 256
+
+    # Collected again alone, the 32-env group replaces its own row, never the default's.
+    assert table.main(["collect", str(tmp_path / "sac_humanoid_parallel"),
+                       "--results", str(out)]) == 0
+    assert [g.key for g in results.load_results(out)] == [("Humanoid-v5", "sac"),
+                                                         ("Humanoid-v5", "sac-32envs")]
+
+    assert table.main(["report", "--results", str(out), "--references",
+                       str(table.DEFAULT_REFERENCES)]) == 0
+    published = "CleanRL (Humanoid-v4): 4,996 ± 686<br>SB3 zoo (Humanoid-v3): 6,232 ± 280"
+    low, high = bootstrap_interval(np.array([4500.0, 4800.0, 5200.0]), iqm)
+    assert row_cells(out / "table.md", "SAC")[:9] == [
+        "Humanoid-v5", "SAC", "1: 4,500, 2: 4,800, 3: 5,200", "4,833 ± 287",
+        f"4,833 [{low:,.0f}, {high:,.0f}]", published, "yes",  # 4,833 >= 4,996 - 686
+        "2 min", "3,072"]
+    low, high = bootstrap_interval(np.array([3000.0, 3500.0]), iqm)
+    assert row_cells(out / "table.md", "SAC, 32 envs")[:9] == [
+        "Humanoid-v5", "SAC, 32 envs", "1: 3,000, 2: 3,500", "3,250 ± 250",
+        f"3,250 [{low:,.0f}, {high:,.0f}]", published, "**no**",  # 3,250 < 4,996 - 686
+        "50 s", "4,096"]
+    lines = (out / "table.md").read_text().splitlines()
+    assert lines[2].startswith("| Humanoid-v5 | SAC |")  # by name: sac, then sac-32envs
+    assert lines[3].startswith("| Humanoid-v5 | SAC, 32 envs |")
+    assert (out / "summary.md").read_text().splitlines() == [
+        "| Task | SAC | SAC, 32 envs |", "|---|---:|---:|",
+        "| Humanoid-v5 | 4,833 (4,996) | 3,250 (4,996) |"]
+    assert row_cells(out / "wallclock.md", "SAC")[:4] == [
+        "Humanoid-v5", "SAC", "3", "4,996, CleanRL (Humanoid-v4)"]
+    clock = row_cells(out / "wallclock.md", "SAC, 32 envs")
+    assert clock[:4] == ["Humanoid-v5", "SAC, 32 envs", "2", "4,996, CleanRL (Humanoid-v4)"]
+    assert clock[9] == f"{2 * 3043 * 4 * 2048 / 50 / 1e6:,.2f} M"  # 1.00 M rows/s
+    assert row_cells(out / "wallclock.md", "SAC")[9] == f"{3 * 97_400 * 256 / 100 / 1e6:,.2f} M"
+    assert [row_cells(out / "wallclock_summary.md", label)[:3] for label in (
+        "SAC", "SAC, 32 envs")] == [["Humanoid-v5", "SAC", "4,996"],
+                                    ["Humanoid-v5", "SAC, 32 envs", "4,996"]]
+    scores = table.normalised_scores(loaded, table.read_references(table.DEFAULT_REFERENCES))
+    assert sorted(scores) == ["SAC", "SAC, 32 envs"]
+    np.testing.assert_allclose(scores["SAC, 32 envs"][0], np.array([3000, 3500]) / 4996.29)
+    for name in ("Humanoid.png", "Humanoid_wallclock.png", "aggregate.png"):
+        assert (out / name).read_bytes().startswith(PNG_SIGNATURE), name
+
+
+def test_only_off_policy_groups_of_several_envs_per_seed_are_a_variant() -> None:
+    """PPO's envs are part of its rollouts (4 for the classic tasks): no variant. One env
+    per seed, or envs not recorded (results from before the settings were kept): none."""
+    results = load("results")
+    curves = [results.SeedCurve(1, np.array([1000]), np.array([500.0]))]
+
+    def group(algo: str, num_envs: int | None) -> object:
+        settings = {**dict.fromkeys(results.SETTINGS), "num_envs": num_envs}
+        return results.GroupResult("CartPole-v1", algo, curves, 1000, 10.0, settings)
+
+    ppo = group("ppo", 4)
+    assert (ppo.variant, ppo.name, ppo.label, ppo.key) == ("", "ppo", "PPO",
+                                                           ("CartPole-v1", "ppo"))
+    for num_envs in (1, None):
+        sac = group("sac", num_envs)
+        assert (sac.variant, sac.name, sac.label) == ("", "sac", "SAC")
+    td3 = group("td3", 8)
+    assert (td3.variant, td3.name, td3.label) == ("8envs", "td3-8envs", "TD3, 8 envs")
+    assert results.returns_file(Path("r"), "CartPole-v1", ppo.name) == Path(
+        "r/CartPole-v1__ppo.csv")
+
+
+def test_runs_of_two_regimes_are_never_pooled(tmp_path: Path) -> None:
+    """Single-seed SAC runs of Humanoid-v5: seeds 1 and 2 with one env, seed 1 with 32. The
+    two seed 1s are of different groups, not a clash; two 32-env seed 1s are, named by the
+    group's label."""
+    results = load("results")
+    for folder, seed, settings, level in (("one_1", 1, DEFAULT_SAC, 5000.0),
+                                          ("one_2", 2, DEFAULT_SAC, 5100.0),
+                                          ("many_1", 1, PARALLEL_SAC, 3000.0)):
+        write_run(tmp_path / folder, "Humanoid-v5", "sac", seed,
+                  [(1000 * (i + 1), level) for i in range(10)], 10.0, settings)
+    pooled = results.pool(results.read_group(tmp_path / name)
+                          for name in ("one_1", "many_1", "one_2"))
+    assert [(g.key, g.label, g.seeds) for g in pooled] == [
+        (("Humanoid-v5", "sac"), "SAC", [1, 2]),
+        (("Humanoid-v5", "sac-32envs"), "SAC, 32 envs", [1])]
+    np.testing.assert_allclose(pooled[0].finals(), [5000.0, 5100.0])
+    np.testing.assert_allclose(pooled[1].finals(), [3000.0])
+    assert pooled[0].wall_s == pytest.approx(20, abs=2)  # the two 1-env runs only
+    with pytest.raises(results.ResultsError) as error:
+        results.pool(results.read_group(tmp_path / "many_1") for _ in range(2))
+    assert str(error.value) == ("SAC, 32 envs on Humanoid-v5: seed 1 appears in two runs; "
+                                "give each seed once")
