@@ -135,7 +135,8 @@ def read_config_file(path: Path | Traversable | str) -> dict[str, Any]:
     under it, the defaults) would otherwise silently replace."""
     if isinstance(path, str):
         text, path = path, config_file_path(path)
-        if not path.is_file() and "/" not in text and os.sep not in text:
+        if isinstance(path, Path) and not path.exists() and "/" not in text \
+                and os.sep not in text:
             raise ConfigError(f"config file {text!r} does not exist, and no shipped config "
                               f"has that name (shipped: {', '.join(shipped_config_names())})")
     values = coerce_mapping(read_yaml_mapping(path), str(path))

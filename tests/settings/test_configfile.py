@@ -114,6 +114,13 @@ def test_an_unknown_config_name_lists_the_shipped_ones() -> None:
     assert "sac_mujoco_parallel," in message
 
 
+def test_a_folder_given_as_the_config_is_not_a_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sac_mujoco").mkdir()  # a folder here, not the shipped file of that name
+    one_line_error(["--config", "sac_mujoco"], r"^config file 'sac_mujoco' is not a file$")
+
+
 def test_mujoco_file_values() -> None:
     cfg = config_from_dict(read_config_file(default_config_file("Hopper-v5")))
     assert (cfg.buffer_size, cfg.learning_starts, cfg.total_timesteps) == (10**6, 5000, 10**6)
