@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from results import GroupResult, ResultsError, read_group
+from results import GroupResult, ResultsError, joined_machines, read_group
 from wallclock import at_budget, iqm_curve, time_curves, time_to_threshold
 
 # A stopped run saves its checkpoint and closes its envs: this long at most, then it is killed.
@@ -192,8 +192,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     marks = [m for m in (60.0, 120.0, 240.0, 480.0, 900.0) if m < budget_s] + [budget_s]
     text = table(results, marks, args.threshold)
     print(text, end="")
+    # The date and the machine with the command: a figure is compared only with figures of
+    # the same job (machines of one kind differ by up to 20%).
+    ran = joined_machines(result.group.machine for result in results) or "machine not recorded"
     (args.out / "recipes.md").write_text(
-        f"`{shlex.join(['python', 'benchmarks/recipes.py', *argv])}`\n\n{text}")
+        f"`{shlex.join(['python', 'benchmarks/recipes.py', *argv])}`\n\n"
+        f"{time.strftime('%Y-%m-%d')}, {ran}\n\n{text}")
     write_curves(args.out / "recipes.csv", results)
     return 0
 

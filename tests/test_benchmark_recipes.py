@@ -66,7 +66,8 @@ def hand_group() -> GroupResult:
     curves = [SeedCurve(1, np.array([200, 400]), np.array([-100.0, -50.0]), np.array([5.0, 15.0])),
               SeedCurve(2, np.array([200, 400]), np.array([-80.0, -40.0]), np.array([8.0, 18.0]))]
     settings = {"num_envs": 4, "batch_size": 64, "updates_per_step": 2, "learning_starts": 100}
-    return GroupResult("Pendulum-v1", "sac", curves, 400, 20.0, settings, timed_from="launch")
+    return GroupResult("Pendulum-v1", "sac", curves, 400, 20.0, settings, timed_from="launch",
+                       machine="NVIDIA H100 80GB HBM3; 16 CPUs (x86_64); torch 2.11.0")
 
 
 def test_the_iqm_curve_every_ten_seconds() -> None:
@@ -87,6 +88,9 @@ def test_the_table_gives_the_iqm_at_each_mark_and_the_time_to_the_threshold(
     assert code == 0
     table = (tmp_path / "out" / "recipes.md").read_text()
     assert table.startswith("`python benchmarks/recipes.py --env Pendulum-v1")
+    # The day it ran and the machine its runs recorded, under the command.
+    assert table.splitlines()[2] == (f"{time.strftime('%Y-%m-%d')}, NVIDIA H100 80GB HBM3; "
+                                     "16 CPUs (x86_64); torch 2.11.0")
     row = next(line for line in table.splitlines() if line.startswith("| a |"))
     # 400 steps x 2 seeds in 20 s; at 15 s the seeds' last-10 means are -75 and -80 (the IQM
     # of two is their mean, -77.5); the IQM curve first reaches -70 at 18 s (-75 and -60).
