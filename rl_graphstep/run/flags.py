@@ -28,7 +28,6 @@ from rl_graphstep.settings.config import (
 )
 from rl_graphstep.settings.configfile import (
     DuplicateKeyError,
-    config_file_path,
     default_config_file,
     load_yaml,
     read_config_file,
@@ -134,8 +133,7 @@ def help_defaults(argv: Sequence[str] | None) -> ShownDefaults | None:
         return ShownDefaults({}, None, "Built-in defaults shown; with --resume the run's "
                              "saved config replaces them.")
     if seen.config is not None:  # it may set env_id and algo itself
-        return _file_defaults(config_file_path(seen.config), seen.config, "",
-                              keep_choice=True)
+        return _file_defaults(seen.config, seen.config, "", keep_choice=True)
     env_id, algo = seen.env_id or FIELDS["env_id"].default, seen.algo or FIELDS["algo"].default
     try:
         check_algorithm(algo)
@@ -164,7 +162,7 @@ def _peek(argv: Sequence[str] | None) -> argparse.Namespace | None:
         return None
 
 
-def _file_defaults(path: Path | Traversable, source: str, which: str, *, keep_choice: bool
+def _file_defaults(path: Path | Traversable | str, source: str, which: str, *, keep_choice: bool
                    ) -> ShownDefaults:
     """The file's values as the defaults to show; a file that cannot be read: the built-in
     ones, and why (the run itself would stop with that line)."""

@@ -120,12 +120,16 @@ def shipped_config_names() -> list[str]:
 def config_file_path(text: str) -> Path | Traversable:
     """A ``--config`` value: the path of a YAML file, or, where no file of that name is here
     and it names no folder, a shipped file by its name (``sac_mujoco_parallel`` or
-    ``sac_mujoco_parallel.yaml``), so an installed package's configs need no checkout."""
+    ``sac_mujoco_parallel.yaml``), so an installed package's configs need no checkout; a
+    name that is neither is one line listing the shipped names."""
     path = user_path(text)
     if path.exists() or "/" in text or os.sep in text:
         return path
     shipped = configs_dir() / (text if text.endswith(".yaml") else f"{text}.yaml")
-    return shipped if shipped.is_file() else path
+    if shipped.is_file():
+        return shipped
+    raise ConfigError(f"config file {text!r} does not exist, and no shipped config has that "
+                      f"name (shipped: {', '.join(shipped_config_names())})")
 
 
 def read_config_file(path: Path | Traversable | str) -> dict[str, Any]:
@@ -134,11 +138,7 @@ def read_config_file(path: Path | Traversable | str) -> dict[str, Any]:
     a run: ``--resume`` keeps the run's own config, which the file's other settings (and,
     under it, the defaults) would otherwise silently replace."""
     if isinstance(path, str):
-        text, path = path, config_file_path(path)
-        if isinstance(path, Path) and not path.exists() and "/" not in text \
-                and os.sep not in text:
-            raise ConfigError(f"config file {text!r} does not exist, and no shipped config "
-                              f"has that name (shipped: {', '.join(shipped_config_names())})")
+        path = config_file_path(path)
     values = coerce_mapping(read_yaml_mapping(path), str(path))
     if values.get("resume") is not None:
         raise ConfigError(f"config file {str(path)!r} sets resume: a run is resumed with "
