@@ -4,8 +4,10 @@ Reads one scalar tag (``charts/episodic_return`` by default, x = global env step
 run folder, or a ``step,value`` CSV file that ``--csv-dir`` wrote earlier, plots the raw
 points faintly and a trailing mean over ``--smooth`` episodes boldly, one colour per run,
 with an optional dashed reference line. Prints one summary line per run.
-A resumed run's several event files in one folder are read together; where a step was written
-more than once, the last written value is kept. Needs matplotlib (not a project dependency).
+A resumed run's several event files in one folder are read together, its restart hiding what
+the interrupted process logged past the resume step; every value is kept, several at one step
+too (a run of many envs ends several episodes at one step). Needs matplotlib (not a project
+dependency).
 
     python benchmarks/plot_curve.py RUN_DIR|CSV [RUN_DIR|CSV ...] --out benchmarks/curve.png \\
         [--tag charts/episodic_return] [--title TEXT] [--smooth 10] [--csv-dir DIR] \\
@@ -21,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator, ScalarEvent
 
 DEFAULT_TAG = "charts/episodic_return"
 SUMMARY_LAST = 10
@@ -32,11 +34,8 @@ class CurveError(Exception):
 
 
 def read_scalars(run_dir: Path, tag: str) -> tuple[list[int], list[float]]:
-    """Return (steps, values) of `tag` in `run_dir`, sorted by step, one value per step.
-
-    All event files in the folder are read. Events are ordered by wall time and, where a step
-    appears more than once (a resumed run), the last written value is kept.
-    """
+    """Return (steps, values) of `tag` in `run_dir`, sorted by step: all the folder's event
+    files read together, every value kept (see ``logged``)."""
     if not run_dir.exists():
         raise CurveError(f"{run_dir}: no such folder")
     if not run_dir.is_dir():
@@ -49,17 +48,21 @@ def read_scalars(run_dir: Path, tag: str) -> tuple[list[int], list[float]]:
     if tag not in tags:
         present = ", ".join(tags) if tags else "none"
         raise CurveError(f"{run_dir}: no scalar tag {tag!r}; scalar tags present: {present}")
-    return last_per_step(events, tag)
+    return read_points(events, tag)
 
 
-def last_per_step(events: EventAccumulator, tag: str) -> tuple[list[int], list[float]]:
-    """(steps, values) of ``tag`` in loaded ``events``, sorted by step: events in wall-time
-    order, so where a step was written twice (a resumed run) its last value is kept."""
-    by_step: dict[int, float] = {}
-    for event in sorted(events.Scalars(tag), key=lambda e: e.wall_time):  # stable sort
-        by_step[event.step] = event.value
-    steps = sorted(by_step)
-    return steps, [by_step[s] for s in steps]
+def logged(events: EventAccumulator, tag: str) -> list[ScalarEvent]:
+    """Every value of ``tag`` in loaded ``events``, sorted by step and, within a step, in the
+    order written: several envs end episodes at one step, and each is an episode. A resumed
+    run's restart (the ``purge_step`` its logger writes) has already hidden what the
+    interrupted process logged at and past the resume step, so nothing is counted twice."""
+    return sorted(events.Scalars(tag), key=lambda event: event.step)  # stable
+
+
+def read_points(events: EventAccumulator, tag: str) -> tuple[list[int], list[float]]:
+    """(steps, values) of ``tag`` in loaded ``events`` (see ``logged``)."""
+    points = logged(events, tag)
+    return [event.step for event in points], [event.value for event in points]
 
 
 def read_csv(path: Path) -> tuple[list[int], list[float]]:
@@ -67,7 +70,9 @@ def read_csv(path: Path) -> tuple[list[int], list[float]]:
     try:
         with path.open(newline="") as file:
             rows = list(csv.reader(file))[1:]
-        points = sorted((int(float(step)), float(value)) for step, value in rows)
+        # By step only: the episodes of one step keep their written order.
+        points = sorted(((int(float(step)), float(value)) for step, value in rows),
+                        key=lambda point: point[0])
     except OSError as err:
         raise CurveError(f"{path}: {err.strerror}") from err
     except ValueError as err:

@@ -17,6 +17,12 @@ runs' settings: an off-policy group stepping ``num_envs`` > 1 envs per seed (suc
 its files and keys and shown as ``SAC, 32 envs``, beside the default group of the same
 algorithm and task (one env per seed, or envs not recorded: no variant, named ``sac``, shown
 as ``SAC``, as before). A PPO group's envs are part of its usual rollouts: never a variant.
+
+Every episode is kept, several at one step too (``plot_curve.logged``). A seed group's
+``aggregate/`` run logged, at each log step, the mean over seeds of each seed's last-10 mean as
+the run itself counted them: the episodes read back must give the same at every one of those
+steps, or the folder is refused (``check_against_aggregate``), so that a reader that loses or
+invents episodes cannot make a table.
 """
 
 from __future__ import annotations
@@ -28,13 +34,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from plot_curve import logged
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from rl_graphstep.algorithms import is_on_policy
+from rl_graphstep.run.folders import AGGREGATE_DIR
+from rl_graphstep.run.grouplog import AGGREGATE_TAGS
 from rl_graphstep.run.logger import LAUNCH_TAG, MACHINE_TAG, read_launch
 
 RETURN_TAG = "charts/episodic_return"
+AGGREGATE_MEAN = AGGREGATE_TAGS["mean"]
 CONFIG_TAG = "hyperparameters/text_summary"
 LAST_EPISODES = 10
 GROUPS_FILE = "groups.csv"
@@ -264,8 +274,8 @@ def since_launch(times: np.ndarray, found: Sequence[Process]) -> np.ndarray | No
 
 
 def read_seed_run(run_dir: Path) -> tuple[dict[str, str], SeedCurve]:
-    """A seed's run folder: its config and its episode returns (a resumed run's several
-    event files read together; a step written twice keeps its last value)."""
+    """A seed's run folder: its config and every episode's return (a resumed run's several
+    event files read together; see ``plot_curve.logged``)."""
     if not any(p.is_file() and "tfevents" in p.name for p in run_dir.iterdir()):
         raise ResultsError(f"{run_dir}: no tensorboard event files in this folder")
     events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "tensors": 0})
@@ -273,15 +283,12 @@ def read_seed_run(run_dir: Path) -> tuple[dict[str, str], SeedCurve]:
     config = _config(run_dir, events)
     if RETURN_TAG not in events.Tags().get("scalars", []):
         raise ResultsError(f"{run_dir}: no finished episode ({RETURN_TAG!r} is missing)")
-    # In wall-time order, so where a step was written twice (a resumed run) the last is kept.
-    by_step = {event.step: event for event in sorted(events.Scalars(RETURN_TAG),
-                                                     key=lambda e: e.wall_time)}
-    steps = sorted(by_step)
-    seconds = since_launch(np.array([by_step[s].wall_time for s in steps]),
+    episodes = logged(events, RETURN_TAG)
+    seconds = since_launch(np.array([event.wall_time for event in episodes]),
                            processes(run_dir)[0])
     seed = int(config.get("seed of this run", config.get("seed", "0")))
-    return config, SeedCurve(seed, np.array(steps, dtype=np.int64),
-                             np.array([by_step[s].value for s in steps]), seconds)
+    return config, SeedCurve(seed, np.array([event.step for event in episodes], dtype=np.int64),
+                             np.array([event.value for event in episodes]), seconds)
 
 
 def _settings(config: dict[str, str]) -> dict[str, int | None]:
@@ -300,12 +307,38 @@ def read_group(path: Path) -> GroupResult:
                        key=lambda p: int(p.name.removeprefix("seed_")))
     runs = [read_seed_run(p) for p in seed_dirs] if seed_dirs else [read_seed_run(path)]
     config = runs[0][0]
+    if seed_dirs:
+        check_against_aggregate(path, [curve for _, curve in runs])
     found, last_step = processes(path / "aggregate" if seed_dirs else path)
     steps = max([last_step, *(int(curve.steps[-1]) for _, curve in runs)])
     timed = found and all(p.launch is not None for p in found)
     return GroupResult(config["env_id"], config["algo"], [curve for _, curve in runs], steps,
                        wall_time(found), _settings(config),
                        "launch" if timed else "first event", machines(found))
+
+
+def check_against_aggregate(path: Path, curves: Sequence[SeedCurve]) -> None:
+    """Refuse a seed group whose episodes, read back, disagree with what its run logged: at
+    each step of the aggregate's mean curve, the mean over seeds of each seed's last-10 mean
+    over the episodes ended by that step must be the logged one (float32 in the logs)."""
+    aggregate = path / AGGREGATE_DIR
+    if not aggregate.is_dir():
+        return
+    events = EventAccumulator(str(aggregate), size_guidance={"scalars": 0})
+    events.Reload()
+    if AGGREGATE_MEAN not in events.Tags().get("scalars", []):
+        return
+    for logged_mean in events.Scalars(AGGREGATE_MEAN):
+        ended = [int(np.searchsorted(c.steps, logged_mean.step, side="right")) for c in curves]
+        if min(ended) == 0:
+            continue  # the run logs nothing before every seed has an episode
+        mean = np.mean([curve.returns[:n][-LAST_EPISODES:].mean()
+                        for curve, n in zip(curves, ended, strict=True)])
+        if not np.isclose(mean, logged_mean.value, rtol=1e-5, atol=1e-3):
+            raise ResultsError(
+                f"{path}: at step {logged_mean.step} the episodes read back give a mean "
+                f"last-{LAST_EPISODES} return of {mean:.3f} over the seeds, where the run "
+                f"logged {logged_mean.value:.3f}: episodes were lost or added in reading")
 
 
 def pool(groups: Iterable[GroupResult]) -> list[GroupResult]:

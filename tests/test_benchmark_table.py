@@ -114,6 +114,35 @@ def test_collect_keeps_each_seeds_returns_and_the_groups_cost(runs: dict[str, Pa
     assert 0 < sac.wall_s < 300
 
 
+def test_episodes_that_end_at_one_step_are_each_kept(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three envs per seed on Pendulum end their 200-step episodes together: every one of a
+    seed's nine episodes is read back (three at each of steps 600, 1,200 and 1,800, the
+    seed's env steps), and its last-10 mean is the one the run itself printed. Keyed by
+    step, the reader kept one episode in three."""
+    summary = train.train(train.load_config([
+        "--env", "Pendulum-v1", "--num-seeds", "2", "--num-envs", "3",
+        "--total-timesteps", "1800", "--learning-starts", "300", "--batch-size", "16",
+        "--hidden-sizes", "16", "16", "--no-progress", "--device", "cpu",
+        "--log-dir", str(tmp_path), "--run-name", "group"]))
+    assert summary["episodes"] == 2 * 9
+    group = load("results").read_group(tmp_path / "group")
+    for curve, recent in zip(group.curves, summary["recent_returns"], strict=True):
+        assert list(curve.steps) == [600] * 3 + [1200] * 3 + [1800] * 3
+        np.testing.assert_allclose(curve.returns, recent[-9:], rtol=1e-6)  # float32 in logs
+    np.testing.assert_allclose(group.finals(), [np.mean(r) for r in summary["recent_returns"]],
+                               rtol=1e-6)
+
+    # A reader that keeps one episode per step disagrees with the run's own aggregate curve:
+    # the folder is refused in one line, not turned into a table.
+    results = load("results")
+    monkeypatch.setattr(results, "logged", lambda events, tag: list(
+        {event.step: event for event in events.Scalars(tag)}.values()))
+    with pytest.raises(results.ResultsError, match=r"group: at step \d+ the episodes read "
+                       r"back give a mean .* where the run logged .*: episodes were lost"):
+        results.read_group(tmp_path / "group")
+
+
 def test_report_builds_the_table_and_figures_from_the_csvs_alone(runs: dict[str, Path],
                                                                  tmp_path: Path) -> None:
     table = load("table")

@@ -90,14 +90,21 @@ def test_resumed_run_writes_png_and_summary(
     assert float(summary.group(3)) == pytest.approx(mean_last_10, abs=0.005)
 
 
-def test_repeated_step_keeps_last_written(tmp_path: Path) -> None:
+def test_every_value_of_a_step_is_kept_in_written_order(tmp_path: Path) -> None:
+    """Two envs ending episodes at step 200 are two episodes: both kept, in written order."""
     run_dir = tmp_path / "run"
     write_events(run_dir, 1, [(100, 1.0), (200, 2.0), (200, 5.0), (300, 3.0)])
 
     steps, values = load_script().read_scalars(run_dir, TAG)
 
-    assert steps == [100, 200, 300]
-    assert values == [1.0, 5.0, 3.0]
+    assert steps == [100, 200, 200, 300]
+    assert values == [1.0, 2.0, 5.0, 3.0]
+
+
+def test_a_csv_keeps_the_written_order_within_a_step(tmp_path: Path) -> None:
+    path = tmp_path / "run.csv"
+    path.write_text("step,value\n300,3.0\n200,5.0\n200,2.0\n100,1.0\n")
+    assert load_script().read_csv(path) == ([100, 200, 200, 300], [1.0, 5.0, 2.0, 3.0])
 
 
 def test_trailing_mean_averages_what_exists_at_the_start() -> None:
