@@ -11,7 +11,9 @@ the time to a threshold.
 Each arm is ``python -m rl_graphstep.train --env ENV --num-seeds K <flags>`` in its own
 process, stopped with SIGINT at the budget (the run saves its checkpoint and flushes its logs,
 as a Ctrl-C does). Its times come from the launch each run records (``results.py``). Writes
-``recipes.md`` (the table) and ``recipes.csv`` (each arm's IQM curve over time) under --out.
+``recipes.md`` (the table) and ``recipes.csv`` (each arm's IQM curve over time) under --out,
+and each arm's episodes as ``table.py collect`` keeps a group's (``<arm>/<env>__<group>.csv``
+and ``<arm>/groups.csv``), so that every reading can be made again without the runs.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from results import GroupResult, ResultsError, joined_machines, read_group
+from results import GroupResult, ResultsError, joined_machines, read_group, write_results
 from wallclock import at_budget, iqm_curve, time_curves, time_to_threshold
 
 # A stopped run saves its checkpoint and closes its envs: this long at most, then it is killed.
@@ -187,6 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"error: {error}", file=sys.stderr)
                 return 2
             results.append(summarise(arm, group))
+            write_results(args.out / arm.name, [group])
             print(f"{arm.name}: {group.steps:,} steps per seed in "
                   f"{time.monotonic() - began:.0f} s", flush=True)
     marks = [m for m in (60.0, 120.0, 240.0, 480.0, 900.0) if m < budget_s] + [budget_s]

@@ -59,6 +59,7 @@ from results import LAST_EPISODES, GroupResult, ResultsError, collect, load_resu
 from wallclock import (
     Threshold,
     plot_wallclock,
+    trailing_means,
     wallclock_markdown,
     wallclock_rows,
     wallclock_summary,
@@ -211,10 +212,10 @@ def smoothed_curves(group: GroupResult, points: int = CURVE_POINTS
     grid = np.linspace(start, end, points) if end > start else np.array([float(end)])
     rows = []
     for curve in group.curves:
-        sums = np.concatenate([[0.0], np.cumsum(curve.returns)])
-        ends = np.arange(1, curve.returns.size + 1)
-        starts = np.maximum(ends - LAST_EPISODES, 0)
-        rows.append(np.interp(grid, curve.steps, (sums[ends] - sums[starts]) / (ends - starts)))
+        # Where several envs ended episodes at one step, the curve there is the mean after
+        # them all (np.interp needs each step once).
+        last = np.append(curve.steps[1:] != curve.steps[:-1], True)
+        rows.append(np.interp(grid, curve.steps[last], trailing_means(curve.returns)[last]))
     return grid, np.array(rows)
 
 

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import recipes  # noqa: E402
-from results import GroupResult, SeedCurve  # noqa: E402
+from results import GroupResult, SeedCurve, load_results  # noqa: E402
 
 
 def test_an_arm_is_a_name_and_flags_split_as_a_shell_would() -> None:
@@ -101,6 +101,13 @@ def test_the_table_gives_the_iqm_at_each_mark_and_the_time_to_the_threshold(
     assert "a: 400 steps per seed" in capsys.readouterr().out
     assert (tmp_path / "out" / "recipes.csv").read_text().splitlines() == [
         "arm,seconds,iqm", "a,10,-90.00", "a,20,-67.50"]
+    # The arm's episodes are kept as a results folder: read back, the same group.
+    (kept,) = load_results(tmp_path / "out" / "a")
+    assert kept.name == "sac-4envs" and kept.wall_s == 20.0
+    for curve, expected in zip(kept.curves, hand_group().curves, strict=True):
+        np.testing.assert_array_equal(curve.steps, expected.steps)
+        np.testing.assert_array_equal(curve.returns, expected.returns)
+        np.testing.assert_array_equal(curve.seconds, expected.seconds)
 
 
 def test_two_arms_need_two_names(tmp_path: Path) -> None:

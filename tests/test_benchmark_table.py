@@ -227,6 +227,17 @@ def test_the_normalised_scores_divide_by_the_first_reference(runs: dict[str, Pat
     assert rows[0, -1] == pytest.approx(906.5) and grid[-1] == 12_000
 
 
+def test_the_curve_at_a_step_of_several_episodes_is_the_mean_after_them_all() -> None:
+    """Episodes of 1, 2, 6 and 3 at steps 100, 200, 200 and 300: the trailing means are 1,
+    1.5, 3 and 3, and the curve at step 200 is the 3 after both of its episodes."""
+    results = load("results")
+    curve = results.SeedCurve(1, np.array([100, 200, 200, 300]), np.array([1.0, 2.0, 6.0, 3.0]))
+    group = results.GroupResult("Pendulum-v1", "sac", [curve], 300, 10.0, {})
+    grid, rows = load("table").smoothed_curves(group, points=5)
+    np.testing.assert_allclose(grid, [100, 150, 200, 250, 300])
+    np.testing.assert_allclose(rows[0], [1.0, 2.0, 3.0, 3.0, 3.0])
+
+
 @pytest.mark.parametrize(("setup", "message"), [
     ("empty", "no tensorboard event files in this folder"),
     ("twice", "TD3 on HalfCheetah-v5: seed 1 appears in two runs; give each seed once"),
