@@ -1,12 +1,13 @@
 """Where an iteration of the training loop spends its time, on the host and on the GPU.
 
-The real loop (``rl_graphstep.train.train``, SAC, compiled CUDA graphs, one env per seed) runs
-for K seeds; a window of its learning phase is profiled (torch.profiler, CPU and CUDA), after
-``--skip`` iterations of learning. For that window it prints, per iteration: the wall time,
-the host's wait for the actions, the GPU time of each stream (kernels and copies) and of
-all streams together (their union), the time no stream is busy, and the kernels that take
-the most time per iteration on each stream. ``--update-kernels`` then lists the update's own
-kernels, measured alone, to tell the loop's apart.
+The real loop (``rl_graphstep.train.train``, SAC, compiled CUDA graphs, one env per seed unless
+``--flags`` say otherwise) runs for K seeds; a window of its learning phase is profiled
+(torch.profiler, CPU and CUDA), after ``--skip`` iterations of learning. For that window it
+prints, per iteration: the wall time, the host's wait for the actions, the GPU time of each
+stream (kernels and copies) and of all streams together (their union), the time no stream is
+busy, and the kernels that take the most time per iteration on each stream.
+``--update-kernels`` then lists the update's own kernels, measured alone, to tell the loop's
+apart.
 
 Tracing slows the host, the more so with the CPU traced (one seed's HalfCheetah iteration:
 384 µs untraced, 940 traced with ``--gpu-only``, 1,370 with the CPU): compare the GPU's busy
@@ -14,11 +15,14 @@ times with the untraced loop's iteration time, not with the traced wall time. Ru
 process: the profiler slows every later CUDA call of the process.
 
     python benchmarks/timeline.py --env HalfCheetah-v5 --seeds 8
+    python benchmarks/timeline.py --env Humanoid-v5 --seeds 5 --vec-env shared --steps 200000 \
+        --learning-starts 5000 --skip 500 --window 100 --flags "--config sac_mujoco_parallel"
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import tempfile
 from collections.abc import Callable
 
@@ -151,6 +155,8 @@ def main() -> None:
     parser.add_argument("--gpu-only", action="store_true",
                         help="trace the GPU alone, not the host (which then runs at about its "
                         "own speed)")
+    parser.add_argument("--flags", default="", help="more training flags, one string (after "
+                        "this script's own, so they may override them)")
     parser.add_argument("--update-kernels", action="store_true",
                         help="then list the kernels of the update alone, to tell them apart")
     args = parser.parse_args()
@@ -161,11 +167,12 @@ def main() -> None:
             ["--env", args.env, "--num-seeds", str(args.seeds), "--vec-env", args.vec_env,
              "--graph", "on", "--compile", "on", "--total-timesteps", str(args.steps),
              "--learning-starts", str(args.learning_starts), "--buffer-size", str(args.steps),
-             "--log-dir", log_dir, "--no-progress"], args.skip, args.window,
+             "--log-dir", log_dir, "--no-progress", *shlex.split(args.flags)],
+            args.skip, args.window,
             host=not args.gpu_only)
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; {args.env}, K="
-          f"{args.seeds}, {summary['vec_env']} envs: {summary['learning_sps']:,.0f} iterations/s "
-          "over the learning phase (the window profiled included)")
+          f"{args.seeds}, {summary['vec_env']} envs: {summary['learning_sps']:,.0f} env steps/s "
+          "per seed over the learning phase (the window profiled included)")
     report(prof, args.window, args.top)
     if args.update_kernels:
         learner = build_update(args.env, ["--num-seeds", str(args.seeds), "--graph", "on",
