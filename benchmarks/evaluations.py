@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from results import GROUPS_FILE, GroupResult, ResultsError, read_group
+from results import GROUPS_FILE, GroupResult, ResultsError
+from runfolders import read_group
 
 from rl_graphstep.core.errors import RLGraphstepError
 from rl_graphstep.run.aggregate import bootstrap_interval, iqm

@@ -10,7 +10,7 @@ the time to a threshold.
 
 Each arm is ``python -m rl_graphstep.train --env ENV --num-seeds K <flags>`` in its own
 process, stopped with SIGINT at the budget (the run saves its checkpoint and flushes its logs,
-as a Ctrl-C does). Its times come from the launch each run records (``results.py``). Writes
+as a Ctrl-C does). Its times come from the launch each run records (``runfolders.py``). Writes
 ``recipes.md`` (the table) and ``recipes.csv`` (each arm's IQM curve over time) under --out,
 and each arm's episodes as ``table.py collect`` keeps a group's (``<arm>/<env>__<group>.csv``
 and ``<arm>/groups.csv``), so that every reading can be made again without the runs.
@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from results import GroupResult, ResultsError, joined_machines, read_group, write_results
+from results import GroupResult, ResultsError, joined_machines, write_results
+from runfolders import read_group
 from wallclock import at_budget, iqm_curve, time_curves, time_to_threshold
 
 # A stopped run saves its checkpoint and closes its envs: this long at most, then it is killed.

@@ -55,7 +55,8 @@ from evaluations import (
     plot_evaluation,
     table_notes,
 )
-from results import LAST_EPISODES, GroupResult, ResultsError, collect, load_results
+from results import LAST_EPISODES, GroupResult, ResultsError, load_results
+from runfolders import collect
 from wallclock import (
     Threshold,
     plot_wallclock,

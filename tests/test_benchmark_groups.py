@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import groups  # noqa: E402
-from results import collect  # noqa: E402
+from runfolders import collect  # noqa: E402
 
 from rl_graphstep.core.errors import ConfigError  # noqa: E402
 from rl_graphstep.run.checkpoint import load_checkpoint  # noqa: E402

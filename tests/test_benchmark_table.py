@@ -126,7 +126,7 @@ def test_episodes_that_end_at_one_step_are_each_kept(tmp_path: Path,
         "--hidden-sizes", "16", "16", "--no-progress", "--device", "cpu",
         "--log-dir", str(tmp_path), "--run-name", "group"]))
     assert summary["episodes"] == 2 * 9
-    group = load("results").read_group(tmp_path / "group")
+    group = load("runfolders").read_group(tmp_path / "group")
     for curve, recent in zip(group.curves, summary["recent_returns"], strict=True):
         assert list(curve.steps) == [600] * 3 + [1200] * 3 + [1800] * 3
         np.testing.assert_allclose(curve.returns, recent[-9:], rtol=1e-6)  # float32 in logs
@@ -135,12 +135,12 @@ def test_episodes_that_end_at_one_step_are_each_kept(tmp_path: Path,
 
     # A reader that keeps one episode per step disagrees with the run's own aggregate curve:
     # the folder is refused in one line, not turned into a table.
-    results = load("results")
-    monkeypatch.setattr(results, "logged", lambda events, tag: list(
+    runfolders = load("runfolders")
+    monkeypatch.setattr(runfolders, "logged", lambda events, tag: list(
         {event.step: event for event in events.Scalars(tag)}.values()))
-    with pytest.raises(results.ResultsError, match=r"group: at step \d+ the episodes read "
+    with pytest.raises(runfolders.ResultsError, match=r"group: at step \d+ the episodes read "
                        r"back give a mean .* where the run logged .*: episodes were lost"):
-        results.read_group(tmp_path / "group")
+        runfolders.read_group(tmp_path / "group")
 
 
 def test_report_builds_the_table_and_figures_from_the_csvs_alone(runs: dict[str, Path],
@@ -217,8 +217,8 @@ def test_each_row_says_what_ran_it(runs: dict[str, Path], tmp_path: Path) -> Non
 
 def test_the_normalised_scores_divide_by_the_first_reference(runs: dict[str, Path],
                                                              tmp_path: Path) -> None:
-    table, results = load("table"), load("results")
-    groups = results.pool(results.read_group(runs["td3"] / f"td3_{s}") for s in (1, 2, 3))
+    table, results, runfolders = load("table"), load("results"), load("runfolders")
+    groups = results.pool(runfolders.read_group(runs["td3"] / f"td3_{s}") for s in (1, 2, 3))
     scores = table.normalised_scores(groups, table.read_references(runs["references"]))
     np.testing.assert_allclose(scores["TD3"][0], np.array([906.5, 1106.5, 2000.0]) / 1000)
     grid, rows = table.smoothed_curves(groups[0])
@@ -446,7 +446,7 @@ def test_runs_of_two_regimes_are_never_pooled(tmp_path: Path) -> None:
                                           ("many_1", 1, PARALLEL_SAC, 3000.0)):
         write_run(tmp_path / folder, "Humanoid-v5", "sac", seed,
                   [(1000 * (i + 1), level) for i in range(10)], 10.0, settings)
-    pooled = results.pool(results.read_group(tmp_path / name)
+    pooled = results.pool(load("runfolders").read_group(tmp_path / name)
                           for name in ("one_1", "many_1", "one_2"))
     assert [(g.key, g.label, g.seeds) for g in pooled] == [
         (("Humanoid-v5", "sac"), "SAC", [1, 2]),
@@ -455,6 +455,6 @@ def test_runs_of_two_regimes_are_never_pooled(tmp_path: Path) -> None:
     np.testing.assert_allclose(pooled[1].finals(), [3000.0])
     assert pooled[0].wall_s == pytest.approx(20, abs=2)  # the two 1-env runs only
     with pytest.raises(results.ResultsError) as error:
-        results.pool(results.read_group(tmp_path / "many_1") for _ in range(2))
+        results.pool(load("runfolders").read_group(tmp_path / "many_1") for _ in range(2))
     assert str(error.value) == ("SAC, 32 envs on Humanoid-v5: seed 1 appears in two runs; "
                                 "give each seed once")

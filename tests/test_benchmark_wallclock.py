@@ -64,16 +64,15 @@ def test_a_group_records_its_launch_and_collect_times_its_episodes(
                        "--learning-starts", "100", "--batch-size", "16", "--hidden-sizes", "16",
                        "16", "--log-interval", "100", "--no-progress", "--device", "cpu",
                        "--log-dir", str(tmp_path), "--run-name", "group"]) == 0
-    results = load("results")
     for folder in ("seed_1", "seed_2", "aggregate"):
-        (process,), _ = results.processes(tmp_path / "group" / folder)
+        (process,), _ = load("runfolders").processes(tmp_path / "group" / folder)
         assert process.launch == pytest.approx(time.time() - 100, abs=60)
     table = load("table")
     assert table.main(["collect", str(tmp_path / "group"), "--results",
                        str(tmp_path / "results")]) == 0
     assert (tmp_path / "results" / "Pendulum-v1__sac.csv").read_text().startswith(
         "seed,step,return,seconds\n")
-    (group,) = results.load_results(tmp_path / "results")
+    (group,) = load("results").load_results(tmp_path / "results")
     assert group.timed_from == "launch" and not group.estimated
     assert 100 <= group.wall_s < 400
     # PPO's settings, in every run's config table, are not SAC's: not kept.
@@ -95,7 +94,7 @@ def test_the_command_records_its_process_start(tmp_path: Path) -> None:
                       "--log-dir", str(tmp_path), "--run-name", "one", cwd=ROOT,
                       capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    (process,), _ = load("results").processes(tmp_path / "one")
+    (process,), _ = load("runfolders").processes(tmp_path / "one")
     assert spawned - 0.05 <= process.launch < process.first  # /proc counts in 10 ms ticks
 
 
@@ -119,10 +118,10 @@ def test_a_resumed_run_counts_the_earlier_processes_time(tmp_path: Path) -> None
     write_process(tmp_path, 1, start, [(1000, start + 10, 1.0), (2000, start + 60, 2.0)])
     write_process(tmp_path, 1, start + 4000, [(3000, start + 4005, 3.0),
                                               (4000, start + 4040, 4.0)])
-    results = load("results")
-    _, curve = results.read_seed_run(tmp_path)
+    runfolders = load("runfolders")
+    _, curve = runfolders.read_seed_run(tmp_path)
     np.testing.assert_allclose(curve.seconds, [10, 60, 65, 100], atol=1e-3)
-    group = results.read_group(tmp_path)
+    group = runfolders.read_group(tmp_path)
     assert group.wall_s == pytest.approx(100, abs=1e-3) and group.timed_from == "launch"
 
 
