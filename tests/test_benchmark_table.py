@@ -227,6 +227,30 @@ def test_the_normalised_scores_divide_by_the_first_reference(runs: dict[str, Pat
     assert rows[0, -1] == pytest.approx(906.5) and grid[-1] == 12_000
 
 
+def test_a_resumed_group_of_several_envs_reads_as_the_straight_run(tmp_path: Path) -> None:
+    """Three envs per seed, stopped after 1,800 steps and resumed from the step-600
+    checkpoint, as after a crash: the episodes the first process logged past step 600 are
+    replaced, not doubled, and every seed reads as the same run made straight."""
+    args = ["--env", "Pendulum-v1", "--num-seeds", "2", "--num-envs", "3",
+            "--learning-starts", "300", "--batch-size", "16", "--hidden-sizes", "16", "16",
+            "--log-interval", "300", "--no-progress", "--device", "cpu", "--save-buffer",
+            "--log-dir", str(tmp_path)]
+    train.train(train.load_config([*args, "--total-timesteps", "1800", "--run-name",
+                                   "straight"]))
+    train.train(train.load_config([*args, "--total-timesteps", "1800", "--run-name",
+                                   "resumed", "--checkpoint-every", "600"]))
+    first = min((tmp_path / "resumed" / "checkpoints").glob("step_*.pt"))
+    assert first.name == "step_000000000600.pt"
+    time.sleep(1.0)  # event files sort by the second they were made in
+    assert train.main(["--resume", str(first)]) == 0
+    runfolders = load("runfolders")
+    straight = runfolders.read_group(tmp_path / "straight")
+    resumed = runfolders.read_group(tmp_path / "resumed")  # checked against its aggregate
+    for a, b in zip(straight.curves, resumed.curves, strict=True):
+        assert list(a.steps) == list(b.steps) == [600] * 3 + [1200] * 3 + [1800] * 3
+        np.testing.assert_array_equal(a.returns, b.returns)
+
+
 def test_the_curve_at_a_step_of_several_episodes_is_the_mean_after_them_all() -> None:
     """Episodes of 1, 2, 6 and 3 at steps 100, 200, 200 and 300: the trailing means are 1,
     1.5, 3 and 3, and the curve at step 200 is the 3 after both of its episodes."""
