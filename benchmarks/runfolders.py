@@ -37,6 +37,7 @@ from results import (
 )
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+from wallclock import trailing_means
 
 from rl_graphstep.algorithms import is_on_policy
 from rl_graphstep.run.folders import AGGREGATE_DIR
@@ -170,12 +171,13 @@ def check_against_aggregate(path: Path, curves: Sequence[SeedCurve]) -> None:
     events.Reload()
     if AGGREGATE_MEAN not in events.Tags().get("scalars", []):
         return
+    # Each seed's last-10 mean after each of its episodes, as the table computes it.
+    means = [trailing_means(curve.returns) for curve in curves]
     for logged_mean in events.Scalars(AGGREGATE_MEAN):
         ended = [int(np.searchsorted(c.steps, logged_mean.step, side="right")) for c in curves]
         if min(ended) == 0:
             continue  # the run logs nothing before every seed has an episode
-        mean = np.mean([curve.returns[:n][-LAST_EPISODES:].mean()
-                        for curve, n in zip(curves, ended, strict=True)])
+        mean = np.mean([seed[n - 1] for seed, n in zip(means, ended, strict=True)])
         if not np.isclose(mean, logged_mean.value, rtol=1e-5, atol=1e-3):
             raise ResultsError(
                 f"{path}: at step {logged_mean.step} the episodes read back give a mean "
