@@ -43,7 +43,6 @@ this script kills the arm's process too). Ctrl-C prints the table of the arms th
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.metadata
 import os
 import re
@@ -57,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from processes import end_group
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 SCRIPT = Path("leanrl") / "ppo_continuous_action_torchcompile.py"
@@ -162,20 +162,6 @@ def rollout_rate(log_dir: Path, burn_in: int) -> float | None:
         first, last = writes[burn_in - 1], writes[-1]
         return (last.step - first.step) / (last.wall_time - first.wall_time)
     return None
-
-
-def end_group(process: subprocess.Popen, grace: float = 10.0) -> None:
-    """End ``process`` and everything it started (its own session): SIGTERM, then SIGKILL
-    after ``grace`` seconds; what it left behind (env workers) is killed too."""
-    try:
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
-                os.killpg(process.pid, signal.SIGTERM)
-                process.wait(grace)
-    finally:  # a second Ctrl-C during the grace still kills
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
 
 
 def orphan_guarded(command: list[str]) -> list[str]:

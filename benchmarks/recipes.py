@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import os
 import shlex
 import signal
 import subprocess
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from processes import end_group
 from results import GroupResult, ResultsError, joined_machines, write_results
 from runfolders import read_group
 from wallclock import at_budget, iqm_curve, time_curves, time_to_threshold
@@ -65,19 +65,11 @@ def run_for(command: Sequence[str], budget_s: float, log: Path,
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                    start_new_session=True)
         try:
-            try:
-                return process.wait(timeout=budget_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGINT)
-            try:
-                return process.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                return process.wait()
-        finally:  # whatever happened here (a Ctrl-C of this script too), the run ends
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+            return process.wait(timeout=budget_s)
+        except subprocess.TimeoutExpired:
+            return end_group(process, signal.SIGINT, grace_s)
+        finally:  # whatever happened here (a Ctrl-C of this script too), nothing of it is left
+            end_group(process)
 
 
 def run_arm(arm: Arm, env_id: str, seeds: int, budget_s: float, log_dir: Path) -> Path:
