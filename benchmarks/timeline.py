@@ -3,9 +3,11 @@
 The real loop (``rl_graphstep.train.train``, SAC, compiled CUDA graphs, one env per seed unless
 ``--flags`` say otherwise) runs for K seeds; a window of its learning phase is profiled
 (torch.profiler, CPU and CUDA), after ``--skip`` iterations of learning. For that window it
-prints, per iteration: the wall time, the host's wait for the actions, the GPU time of each
-stream (kernels and copies) and of all streams together (their union), the time no stream is
-busy, and the kernels that take the most time per iteration on each stream.
+prints, per iteration: the wall time; the host's time in each of its parts (the action's
+request and wait, the store of the last transition, the envs' start and the wait for them, the
+updates' launch, the episodes' bookkeeping, the logging) and what none of them marks; the GPU
+time of each stream (kernels and copies) and of all streams together (their union), the time
+no stream is busy, and the kernels that take the most time per iteration on each stream.
 ``--update-kernels`` then lists the update's own kernels, measured alone, to tell the loop's
 apart.
 
@@ -31,10 +33,27 @@ from throughput import build_update, calling_at_learning, profile_updates
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
+import rl_graphstep.train as training
+from rl_graphstep.envs.vector import EnvStepper
+from rl_graphstep.learners.offpolicy import OffPolicyLearner
 from rl_graphstep.run.acting import ActionPipe
 from rl_graphstep.run.collector import Collector
 from rl_graphstep.run.flags import load_config
 from rl_graphstep.train import train
+
+# The host's parts of an iteration, each marked where it is called: (owner, method, label).
+# "iteration" (the collector's step) holds the first five; the episodes' bookkeeping and the
+# logging run after it, in the loop.
+HOST_PARTS = (
+    (ActionPipe, "request", "action request"),
+    (ActionPipe, "wait", "action wait"),
+    (Collector, "flush", "store"),
+    (EnvStepper, "start", "env start"),
+    (OffPolicyLearner, "update", "update launch"),
+    (EnvStepper, "finish", "env wait"),
+    (training, "_episode_ended", "episode ended"),
+    (training, "_log", "log"),
+)
 
 Interval = tuple[int, int]
 
@@ -55,7 +74,7 @@ def union_length(intervals: list[Interval]) -> int:
 def profiled_loop(cfg_args: list[str], skip: int, window: int, host: bool = True
                   ) -> tuple[profile, dict]:
     """Train as ``cfg_args`` say, profiling iterations ``skip`` .. ``skip + window`` of the
-    learning phase (each marked ``iteration``, the wait for actions ``action wait``). Without
+    learning phase (each marked ``iteration``, its host parts as ``HOST_PARTS`` name them). Without
     ``host`` only the GPU is traced: the marks are not recorded, and the host runs at about
     its unprofiled speed."""
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if host else [ProfilerActivity.CUDA]
@@ -85,7 +104,8 @@ def profiled_loop(cfg_args: list[str], skip: int, window: int, host: bool = True
         setattr(owner, name, wrapper)
 
     wrap(Collector, "step", "iteration", True)
-    wrap(ActionPipe, "wait", "action wait", False)
+    for owner, name, label in HOST_PARTS:
+        wrap(owner, name, label, False)
     try:
         with calling_at_learning(lambda: learning.__setitem__(0, True)):
             summary = train(load_config(cfg_args))
@@ -100,7 +120,8 @@ def profiled_loop(cfg_args: list[str], skip: int, window: int, host: bool = True
 
 def report(prof: profile, window: int, top: int) -> None:
     events = prof.profiler.kineto_results.events()
-    marks = {"iteration": [], "action wait": []}
+    marks: dict[str, list[Interval]] = {"iteration": []}
+    marks.update((label, []) for _, _, label in HOST_PARTS)
     streams: dict[int, list[tuple[int, int, str]]] = {}
     for e in events:
         if e.device_type() == DeviceType.CUDA:
@@ -125,6 +146,16 @@ def report(prof: profile, window: int, top: int) -> None:
     waits = (f", of which the host waits for actions "
              f"{union_length(inside(marks['action wait'])) * per:,.1f} µs" if iterations else "")
     print(f"{n} iterations (of {window} profiled): {span * per:,.1f} µs per iteration{waits}")
+    if iterations:  # the host's parts; what no part marks is the rest of the host's work
+        parts = {label: union_length(inside(marks[label])) * per for _, _, label in HOST_PARTS}
+        step = union_length(inside(iterations)) * per
+        print("  host µs per iteration: " + ", ".join(
+            f"{label} {us:,.1f}" for label, us in parts.items() if us > 0))
+        outside = ("episode ended", "log")
+        print(f"  in the collector's step, unmarked: "
+              f"{step - sum(us for label, us in parts.items() if label not in outside):,.1f}; "
+              f"in the loop outside it, unmarked: "
+              f"{span * per - step - sum(parts[label] for label in outside):,.1f}")
     busy_all: list[Interval] = []
     for stream, items in sorted(streams.items(), key=lambda kv: -len(kv[1])):
         spans = inside([(s, e) for s, e, _ in items])
