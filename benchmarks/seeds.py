@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -47,12 +48,14 @@ class Loop:
 
 
 def run_loop(env_id: str, seeds: int, vec_env: str, steps: int, learning_starts: int,
-             device: str, log_dir: str) -> Loop:
+             device: str, log_dir: str, extra: Sequence[str] = ()) -> Loop:
+    """The loop of K seeds as the benchmarks run it; ``extra``: more training flags, after
+    these (so they win)."""
     flags = ["--graph", "on", "--compile", "on"] if device == "cuda" else ["--graph", "off"]
     cfg = load_config(["--env", env_id, "--num-seeds", str(seeds), "--vec-env", vec_env,
                        "--device", device, *flags, "--total-timesteps", str(steps),
                        "--learning-starts", str(learning_starts), "--buffer-size", str(steps),
-                       "--log-dir", log_dir, "--no-progress"])
+                       "--log-dir", log_dir, "--no-progress", *extra])
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
     summary = train(cfg)

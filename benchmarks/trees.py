@@ -8,6 +8,9 @@ graphs), run with that tree first on the path; the old tree is a checkout of the
 
     git worktree add /tmp/before HEAD~1      # or: git archive HEAD~1 | tar -x -C /tmp/before
     python benchmarks/trees.py --tree before=/tmp/before --tree after=. --seeds 1 8 --rounds 2
+    python benchmarks/trees.py --tree before=/tmp/before --tree after=. --env Humanoid-v5 \
+        --seeds 5 --steps 40000 --learning-starts 5000 \
+        --flags "--config sac_mujoco_parallel --vec-env shared"
 
 Prints a JSON line per loop, then a table: env steps/s per seed (each iteration steps every
 seed's env once) and host µs per iteration, and each K against K=1 of the same tree and round.
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -25,17 +29,19 @@ from pathlib import Path
 _LOOP = """import json, sys, tempfile
 sys.path.insert(0, "benchmarks")
 from seeds import run_loop
-loop = run_loop({env!r}, {seeds}, "auto", {steps}, {starts}, {device!r}, tempfile.mkdtemp())
+loop = run_loop({env!r}, {seeds}, "auto", {steps}, {starts}, {device!r}, tempfile.mkdtemp(),
+               {flags!r})
 figures = {{"vec_env": loop.vec_env, "sps": loop.iterations, "host_us": loop.host_us}}
 print("LOOP", json.dumps(figures))
 """
 
 
 def run_in(tree: Path, env: str, seeds: int, steps: int, starts: int,
-           device: str) -> dict[str, object]:
+           device: str, flags: list[str]) -> dict[str, object]:
     """One loop in a fresh process of ``tree``: its figures, or its error's last lines."""
     path = os.pathsep.join([str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])
-    code = _LOOP.format(env=env, seeds=seeds, steps=steps, starts=starts, device=device)
+    code = _LOOP.format(env=env, seeds=seeds, steps=steps, starts=starts, device=device,
+                        flags=flags)
     done = subprocess.run([sys.executable, "-c", code], cwd=tree, capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=path), check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("LOOP ")]
@@ -71,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--learning-starts", type=int, default=1_000)
     parser.add_argument("--rounds", type=int, default=2, help="every tree at every K, per round")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--flags", default="", help="more training flags, one string (after "
+                        "the loop's own, so they win: --flags '--config sac_mujoco_parallel "
+                        "--vec-env shared'); every tree must take them")
     args = parser.parse_args(argv)
     trees = []
     for spec in args.tree:
@@ -83,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         # Each round runs the trees in the other order, so neither always goes first.
         for name, tree in trees if round_ % 2 else trees[::-1]:
             for k in args.seeds:
-                loop = run_in(tree, args.env, k, args.steps, args.learning_starts, args.device)
+                loop = run_in(tree, args.env, k, args.steps, args.learning_starts, args.device,
+                              shlex.split(args.flags))
                 results.append({"round": round_, "tree": name, "k": k, **loop})
                 print(json.dumps(results[-1]), flush=True)
     print(table(results))

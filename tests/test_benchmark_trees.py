@@ -3,6 +3,7 @@ one-line refusal of a tree that is not a checkout (a short CPU run; speed means 
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -39,3 +40,14 @@ def test_a_tree_without_the_package_is_one_line(tmp_path: Path,
         trees.main(["--tree", f"old={tmp_path}", "--device", "cpu"])
     assert exit_info.value.code == 2
     assert "--tree takes NAME=PATH with rl_graphstep/ under PATH" in capsys.readouterr().err
+
+
+def test_flags_reach_every_loop_and_win_over_its_own(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code = trees.main(["--tree", f"a={ROOT}", "--env", "Pendulum-v1", "--seeds", "1",
+                       "--steps", "300", "--learning-starts", "260", "--rounds", "1",
+                       "--device", "cpu", "--flags", "--vec-env async --num-envs 2"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    loops = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [loop["vec_env"] for loop in loops] == ["async"]  # the loop's own says "auto"
