@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 DEFAULT_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE)
@@ -119,3 +120,13 @@ class Children:
         for process in self.started:
             end(process)
         self.started.clear()
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (Linux: read from /proc). An exited one not yet
+    reaped by its new parent, a zombie, counts as ended."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state not in ("Z", "X")

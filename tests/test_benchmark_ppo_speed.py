@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from processtools import Children
+from processtools import Children, running
 from torch.utils.tensorboard import SummaryWriter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,16 +72,6 @@ def rows(out: str) -> dict[str, list[str]]:
     """The table's rows by arm name, as cells."""
     return {line.split(" | ")[0][2:]: [cell.strip(" |") for cell in line.split(" | ")]
             for line in out.splitlines() if line.startswith(("| ours", "| LeanRL"))}
-
-
-def running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (an exited one not yet reaped by its new parent, a
-    zombie, counts as ended)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return False
-    return state not in ("Z", "X")
 
 
 def fake_checkout(tmp_path: Path) -> Path:

@@ -16,6 +16,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import processes  # noqa: E402
 import recipes  # noqa: E402
+from processtools import running  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="reads process states from /proc")
@@ -34,14 +35,6 @@ if sys.argv[2] == "stay":
 """
 
 
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
-    except FileNotFoundError:
-        return False
-
-
 def start_leader(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, Path]:
     pid_file = tmp_path / "worker"
     process = subprocess.Popen([sys.executable, "-c", _LEADER, str(pid_file), mode],
@@ -58,9 +51,9 @@ def test_a_group_ended_has_no_live_member_left(tmp_path: Path, mode: str) -> Non
     process, pid_file = start_leader(tmp_path, mode)
     worker = int(pid_file.read_text())
     try:
-        assert alive(worker) and worker in processes.group_members(process.pid)
+        assert running(worker) and worker in processes.group_members(process.pid)
         code = processes.end_group(process, grace_s=0.5)
-        assert not alive(worker), "the worker outlived end_group"
+        assert not running(worker), "the worker outlived end_group"
         assert processes.group_members(process.pid) == []
         # The leader ended by SIGTERM while it stayed; by itself (0) when it left first.
         assert code == (-signal.SIGTERM if mode == "stay" else 0)
@@ -74,4 +67,4 @@ def test_a_recipe_run_stopped_at_its_budget_leaves_no_worker(tmp_path: Path) -> 
     code = recipes.run_for([sys.executable, "-c", _LEADER, str(pid_file), "stay"], 3.0,
                            tmp_path / "run.log", grace_s=5.0)
     assert code == 130  # the leader's own clean stop on SIGINT
-    assert not alive(int(pid_file.read_text())), "the run's worker outlived run_for"
+    assert not running(int(pid_file.read_text())), "the run's worker outlived run_for"

@@ -28,9 +28,8 @@ def test_the_host_parts_add_up_to_the_iteration(tmp_path: Path,
     out = capsys.readouterr().out
     total = float(re.search(NUMBER + r" µs per iteration", out).group(1).replace(",", ""))
     parts_line = next(line for line in out.splitlines() if "host µs per iteration:" in line)
-    parts = {label: float(us.replace(",", "")) for label, us in
+    parts = {label.strip(): float(us.replace(",", "")) for label, us in
              re.findall(r"([a-z ]+) " + NUMBER, parts_line.split(":", 1)[1])}
-    parts = {label.strip(): us for label, us in parts.items()}
     # Every part this loop goes through is seen (a log every 150 steps of 3 envs: in the
     # window of 60 iterations, 180 steps, at least one).
     assert {"action request", "action wait", "store", "env start", "update launch",
