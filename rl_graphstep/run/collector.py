@@ -41,9 +41,7 @@ class Collector:
     queued first and the update after it, so waiting for the action never waits for the
     update; the host then steps the environments while the device updates (envs in
     subprocesses step while the host launches the update). The previous step's transition is
-    stored while the action is computed; with envs in subprocesses, once they are stepping,
-    so that the store overlaps the env step instead of delaying it. Either way it is stored
-    before the update is launched (the update samples the rows stored so far).
+    stored while the action is computed, off the path from one env step to the next.
 
     Args:
         envs: the vector env, already reset; ``observations`` its current observations.
@@ -119,10 +117,9 @@ class Collector:
             # actions are replaced by random ones (see policy_inputs).
             safe, unsafe = policy_inputs(self.observations)
             self.policy.request(safe)
-        if not self._stepper.asynchronous:
-            self.flush(global_step)
-            if update is not None:
-                update()
+        self.flush(global_step)
+        if update is not None and not self._stepper.asynchronous:
+            update()
         if acting:
             with self._waiting():
                 actions, env_actions = self.policy.wait()
@@ -132,10 +129,8 @@ class Collector:
             actions = np.random.uniform(-1.0, 1.0, self._random_shape)
             env_actions = scale_action(actions, self._low, self._high)
         self._stepper.start(env_actions)
-        if self._stepper.asynchronous:
-            self.flush(global_step)  # while the envs step, still before the update
-            if update is not None:
-                update()
+        if update is not None and self._stepper.asynchronous:
+            update()
         next_observations, rewards, terminations, truncations, infos = self._stepper.finish()
         self._pending = (self.observations, actions, rewards,
                          true_next_observations(next_observations, infos), terminations)
