@@ -1,4 +1,11 @@
-"""Ending a benchmark's child and everything it started (env workers, a compiler's helpers).
+"""Starting a benchmark's child cold, and ending it with everything it started (env workers, a
+compiler's helpers).
+
+A child that compiles (``torch.compile``) reads and fills the compiler's on-disk caches, which
+by default every process of the user shares: a run after another of the same networks builds
+its updates in a third of the time (40.9 -> 15.1 s, benchmarks/LOG.md). A benchmark whose
+children time start-up gives each its own empty cache folder (:func:`cold_compile`), so that
+no arm's time depends on the arms before it.
 
 Each child leads a process group of its own (``start_new_session``). A signal to the group is
 delivered asynchronously, and waiting for the leader says nothing of the rest: a worker that
@@ -10,15 +17,32 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 # How long a SIGKILLed group may take to be gone before it is given up on (a process in the
 # kernel's uninterruptible sleep ignores even SIGKILL until it wakes).
 KILL_WAIT_S = 30.0
+
+
+@contextlib.contextmanager
+def cold_compile(cache: Path) -> Iterator[dict[str, str]]:
+    """This process's environment with the compiler's caches (inductor's, which holds the FX
+    graph and AOTAutograd caches, and Triton's kernels) in ``cache``: empty on entry, removed
+    on exit."""
+    if cache.exists():
+        shutil.rmtree(cache)
+    cache.mkdir(parents=True)
+    try:
+        yield {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache),
+               "TRITON_CACHE_DIR": str(cache / "triton")}
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def group_members(pgid: int) -> list[int]:

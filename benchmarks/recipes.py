@@ -9,11 +9,13 @@ the time to a threshold.
                --n-step 3" --threshold 9635 --out results/
 
 Each arm is ``python -m rl_graphstep.train --env ENV --num-seeds K <flags>`` in its own
-process, stopped with SIGINT at the budget (the run saves its checkpoint and flushes its logs,
-as a Ctrl-C does). Its times come from the launch each run records (``runfolders.py``). Writes
-``recipes.md`` (the table) and ``recipes.csv`` (each arm's IQM curve over time) under --out,
-and each arm's episodes as ``table.py collect`` keeps a group's (``<arm>/<env>__<group>.csv``
-and ``<arm>/groups.csv``), so that every reading can be made again without the runs.
+process, with compiler caches of its own, empty at its launch (its start-up is a first run's,
+whichever arms ran before), stopped with SIGINT at the budget (the run saves its checkpoint and
+flushes its logs, as a Ctrl-C does). Its times come from the launch each run records
+(``runfolders.py``). Writes ``recipes.md`` (the table) and ``recipes.csv`` (each arm's IQM
+curve over time) under --out, and each arm's episodes as ``table.py collect`` keeps a group's
+(``<arm>/<env>__<group>.csv`` and ``<arm>/groups.csv``), so that every reading can be made
+again without the runs.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from processes import end_group
+from processes import cold_compile, end_group
 from results import GroupResult, ResultsError, joined_machines, write_results
 from runfolders import read_group
 from wallclock import at_budget, iqm_curve, time_curves, time_to_threshold
@@ -58,12 +60,13 @@ def parse_arm(spec: str) -> Arm:
 
 
 def run_for(command: Sequence[str], budget_s: float, log: Path,
-            grace_s: float = STOP_GRACE_S) -> int:
-    """Run ``command`` (output to ``log``) until it ends or ``budget_s`` has passed, then stop
-    it with SIGINT and wait for its clean exit (SIGKILL after ``grace_s``). Its exit code."""
+            grace_s: float = STOP_GRACE_S, env: dict[str, str] | None = None) -> int:
+    """Run ``command`` (output to ``log``, environment ``env``, default this one's) until it
+    ends or ``budget_s`` has passed, then stop it with SIGINT and wait for its clean exit
+    (SIGKILL after ``grace_s``). Its exit code."""
     with log.open("w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+                                   start_new_session=True, env=env)
         try:
             return process.wait(timeout=budget_s)
         except subprocess.TimeoutExpired:
@@ -73,12 +76,14 @@ def run_for(command: Sequence[str], budget_s: float, log: Path,
 
 
 def run_arm(arm: Arm, env_id: str, seeds: int, budget_s: float, log_dir: Path) -> Path:
-    """Train ``arm`` for ``budget_s``; its run folder (the only one under ``log_dir/arm``)."""
+    """Train ``arm`` for ``budget_s``, compiling cold (as a first run does, whatever ran
+    before); its run folder (the only one under ``log_dir/arm``)."""
     folder = log_dir / arm.name
     folder.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "rl_graphstep.train", "--env", env_id, "--num-seeds",
                str(seeds), "--log-dir", str(folder), "--no-progress", *arm.flags]
-    code = run_for(command, budget_s, log_dir / f"{arm.name}.log")
+    with cold_compile(log_dir / f"{arm.name}.compile-cache") as env:
+        code = run_for(command, budget_s, log_dir / f"{arm.name}.log", env=env)
     runs = [p for p in folder.iterdir() if p.is_dir()]
     if len(runs) != 1:
         tail = (log_dir / f"{arm.name}.log").read_text().strip().splitlines()[-3:]

@@ -187,11 +187,19 @@ def test_main_hands_the_config_to_new_groups_only(tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """What main runs (the training commands caught): a shipped name passed as given, a YAML
     file here by its full path (the commands run from the checkout), each group in its
-    config's folder; a group already under way resumed without it."""
+    config's folder; a group already under way resumed without it. Each command compiles
+    into an empty cache folder beside its group, gone after it."""
     ran: list[list[str]] = []
+    caches: list[Path] = []
 
-    def run(cmd: list[str], cwd: Path, check: bool) -> subprocess.CompletedProcess[str]:
+    def run(cmd: list[str], cwd: Path, check: bool, env: dict[str, str]
+            ) -> subprocess.CompletedProcess[str]:
         ran.append(cmd)
+        cache = Path(env["TORCHINDUCTOR_CACHE_DIR"])
+        assert cache.is_dir() and not any(cache.iterdir())
+        assert env["TRITON_CACHE_DIR"] == str(cache / "triton")
+        (cache / "compiled").write_text("kernels")  # what a run leaves there
+        caches.append(cache)
         return subprocess.CompletedProcess(cmd, 0)
 
     monkeypatch.setattr(groups.subprocess, "run", run)
@@ -213,3 +221,7 @@ def test_main_hands_the_config_to_new_groups_only(tmp_path: Path,
         (str((tmp_path / "sac_big.yaml").resolve()), "sac_humanoid_big", None),
         (None, None, str(runs / "sac_humanoid_parallel"))]
     assert after(ran[0], "--log-dir") == str(runs)
+    assert caches == [runs / "sac_humanoid_parallel.compile-cache",
+                      runs / "sac_humanoid_big.compile-cache",
+                      runs / "sac_humanoid_parallel.compile-cache"]
+    assert not any(cache.exists() for cache in caches)

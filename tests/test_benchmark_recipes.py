@@ -60,6 +60,41 @@ def test_a_run_that_ends_by_itself_gives_its_exit_code(tmp_path: Path) -> None:
     assert code == 3
 
 
+def test_run_for_gives_the_child_the_environment_it_is_handed(tmp_path: Path) -> None:
+    read = "import os, sys; open(sys.argv[1], 'w').write(os.environ['TORCHINDUCTOR_CACHE_DIR'])"
+    env = {"PATH": "/usr/bin:/bin", "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    code = recipes.run_for([sys.executable, "-c", read, str(tmp_path / "seen")], 30.0,
+                           tmp_path / "run.log", env=env)
+    assert code == 0 and (tmp_path / "seen").read_text() == str(tmp_path / "cache")
+
+
+def test_each_arm_compiles_into_an_empty_cache_of_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever the arm before it compiled, an arm starts as a first run does: its own empty
+    compiler caches (inductor's and Triton's), removed once it has ended."""
+    seen: list[tuple[Path, Path]] = []
+
+    def run_for(command: list[str], budget_s: float, log: Path,
+                env: dict[str, str]) -> int:
+        cache = Path(env["TORCHINDUCTOR_CACHE_DIR"])
+        assert cache.is_dir() and not any(cache.iterdir())
+        seen.append((cache, Path(env["TRITON_CACHE_DIR"])))
+        (cache / "fxgraph").mkdir()  # what a compiling run leaves there
+        run_dir = Path(command[command.index("--log-dir") + 1]) / "run"
+        run_dir.mkdir()
+        return 0
+
+    monkeypatch.setattr(recipes, "run_for", run_for)
+    for name in ("a", "b", "a"):  # "a" again: its earlier cache is not reused
+        assert recipes.run_arm(recipes.Arm(name, []), "Pendulum-v1", 1, 1.0,
+                               tmp_path) == tmp_path / name / "run"
+        (tmp_path / name / "run").rmdir()
+    assert [cache.name for cache, _ in seen] == ["a.compile-cache", "b.compile-cache",
+                                                 "a.compile-cache"]
+    assert all(triton == cache / "triton" for cache, triton in seen)
+    assert not any(cache.exists() for cache, _ in seen)
+
+
 def hand_group() -> GroupResult:
     """Two seeds over 20 s: seed 1 ends episodes of -100 and -50 at 5 s and 15 s, seed 2 of
     -80 and -40 at 8 s and 18 s."""
