@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import re
 import shlex
 import signal
 import subprocess
@@ -98,9 +99,22 @@ class ArmResult:
     group: GroupResult
     grid: np.ndarray  # seconds since launch at which the IQM curve is given
     iqm: np.ndarray
+    built_s: float | None = None  # how long its updates took to build (compile, capture)
 
 
-def summarise(arm: Arm, group: GroupResult, step_s: float = 10.0) -> ArmResult:
+# The line a run prints once its updates are built, at its learning start (rl_graphstep.train).
+_BUILT = re.compile(r"^updates: .*; built in ([0-9.]+) s", re.MULTILINE)
+
+
+def built_seconds(log: Path) -> float | None:
+    """The seconds the run logged to ``log`` took to build its updates; None if it never
+    said (stopped before its learning start)."""
+    found = _BUILT.search(log.read_text(errors="replace")) if log.exists() else None
+    return float(found.group(1)) if found else None
+
+
+def summarise(arm: Arm, group: GroupResult, step_s: float = 10.0,
+              built_s: float | None = None) -> ArmResult:
     """The arm's IQM curve (over seeds, of each seed's last-10 mean) every ``step_s`` seconds
     since launch, up to its wall time; NaN before every seed has ended an episode."""
     curves = time_curves(group)
@@ -108,7 +122,7 @@ def summarise(arm: Arm, group: GroupResult, step_s: float = 10.0) -> ArmResult:
     grid = np.arange(step_s, group.wall_s + step_s / 2, step_s)
     index = np.searchsorted(curves.grid, grid, side="right") - 1
     iqm = np.where(index >= 0, full[np.maximum(index, 0)], np.nan)
-    return ArmResult(arm, group, grid, iqm)
+    return ArmResult(arm, group, grid, iqm, built_s)
 
 
 def _number(value: float) -> str:
@@ -121,11 +135,13 @@ def _minutes(seconds: float) -> str:
 
 def table(results: Sequence[ArmResult], marks_s: Sequence[float],
           threshold: float | None) -> str:
-    """One row per arm: its flags, steps, speed, IQM at each mark and time to threshold."""
+    """One row per arm: its flags, steps, speed, IQM at each mark, time to threshold, and the
+    time its updates took to build (compiling is most of a short run's start-up)."""
     head = ["arm", "flags", "env steps per seed", "env steps/s in all", "updates per seed",
             *(f"IQM at {m / 60:g} min" for m in marks_s)]
     if threshold is not None:
         head.append(f"time to {threshold:,.0f} [95% CI]")
+    head.append("updates built in")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
     for result in results:
         group = result.group
@@ -139,6 +155,7 @@ def table(results: Sequence[ArmResult], marks_s: Sequence[float],
         if threshold is not None:
             point, low, high = time_to_threshold(time_curves(group), threshold)
             cells.append(f"{_minutes(point)} [{_minutes(low)}, {_minutes(high)}]")
+        cells.append("-" if result.built_s is None else f"{result.built_s:.1f} s")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -186,7 +203,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ResultsError as error:
                 print(f"error: {error}", file=sys.stderr)
                 return 2
-            results.append(summarise(arm, group))
+            results.append(summarise(arm, group,
+                                     built_s=built_seconds(log_dir / f"{arm.name}.log")))
             write_results(args.out / arm.name, [group])
             print(f"{arm.name}: {group.steps:,} steps per seed in "
                   f"{time.monotonic() - began:.0f} s", flush=True)

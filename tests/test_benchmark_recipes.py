@@ -95,6 +95,15 @@ def test_each_arm_compiles_into_an_empty_cache_of_its_own(
     assert not any(cache.exists() for cache, _ in seen)
 
 
+def test_the_build_time_is_read_from_the_runs_output_or_missing(tmp_path: Path) -> None:
+    log = tmp_path / "a.log"
+    assert recipes.built_seconds(log) is None  # no output at all
+    log.write_text("run: SAC on Pendulum-v1\nstopped: interrupted during start-up\n")
+    assert recipes.built_seconds(log) is None  # stopped before its updates were built
+    log.write_text("x\nupdates: eager, actions in line; built in 0.2 s\ndone\n")
+    assert recipes.built_seconds(log) == 0.2
+
+
 def hand_group() -> GroupResult:
     """Two seeds over 20 s: seed 1 ends episodes of -100 and -50 at 5 s and 15 s, seed 2 of
     -80 and -40 at 8 s and 18 s."""
@@ -117,9 +126,13 @@ def test_the_table_gives_the_iqm_at_each_mark_and_the_time_to_the_threshold(
 ) -> None:
     monkeypatch.setattr(recipes, "run_arm", lambda arm, *_: tmp_path / arm.name)
     monkeypatch.setattr(recipes, "read_group", lambda _: hand_group())
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "a.log").write_text(  # what the arm's run printed
+        "run: SAC on Pendulum-v1\nupdates: CUDA graphs + torch.compile, action stream; "
+        "built in 41.3 s (compile auto: on)\ndone: 400 steps\n")
     code = recipes.main(["--env", "Pendulum-v1", "--num-seeds", "2", "--minutes", "0.25",
                          "--arm", "a=--n-step 3", "--threshold", "-70", "--out",
-                         str(tmp_path / "out")])
+                         str(tmp_path / "out"), "--log-dir", str(tmp_path / "logs")])
     assert code == 0
     table = (tmp_path / "out" / "recipes.md").read_text()
     assert table.startswith("`python benchmarks/recipes.py --env Pendulum-v1")
@@ -133,6 +146,7 @@ def test_the_table_gives_the_iqm_at_each_mark_and_the_time_to_the_threshold(
     assert row.split(" | ")[1:5] == ["`--n-step 3`", "400", "40", "150"]
     assert row.split(" | ")[5] == "-78 [-80, -75]"
     assert row.split(" | ")[6].startswith("0.3 min")
+    assert row.split(" | ")[7] == "41.3 s |"  # the updates' build, read from the run's output
     assert "a: 400 steps per seed" in capsys.readouterr().out
     assert (tmp_path / "out" / "recipes.csv").read_text().splitlines() == [
         "arm,seconds,iqm", "a,10,-90.00", "a,20,-67.50"]
