@@ -76,6 +76,11 @@ def run_for(command: Sequence[str], budget_s: float, log: Path,
             end_group(process)
 
 
+def arm_log(log_dir: Path, arm: Arm) -> Path:
+    """Where ``arm``'s run writes its output."""
+    return log_dir / f"{arm.name}.log"
+
+
 def run_arm(arm: Arm, env_id: str, seeds: int, budget_s: float, log_dir: Path) -> Path:
     """Train ``arm`` for ``budget_s``, compiling cold (as a first run does, whatever ran
     before); its run folder (the only one under ``log_dir/arm``)."""
@@ -84,10 +89,10 @@ def run_arm(arm: Arm, env_id: str, seeds: int, budget_s: float, log_dir: Path) -
     command = [sys.executable, "-m", "rl_graphstep.train", "--env", env_id, "--num-seeds",
                str(seeds), "--log-dir", str(folder), "--no-progress", *arm.flags]
     with cold_compile(log_dir / f"{arm.name}.compile-cache") as env:
-        code = run_for(command, budget_s, log_dir / f"{arm.name}.log", env=env)
+        code = run_for(command, budget_s, arm_log(log_dir, arm), env=env)
     runs = [p for p in folder.iterdir() if p.is_dir()]
     if len(runs) != 1:
-        tail = (log_dir / f"{arm.name}.log").read_text().strip().splitlines()[-3:]
+        tail = arm_log(log_dir, arm).read_text().strip().splitlines()[-3:]
         raise ResultsError(f"arm {arm.name} (exit {code}) left {len(runs)} run folders in "
                            f"{folder}; its output ended: {' / '.join(tail)}")
     return runs[0]
@@ -204,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"error: {error}", file=sys.stderr)
                 return 2
             results.append(summarise(arm, group,
-                                     built_s=built_seconds(log_dir / f"{arm.name}.log")))
+                                     built_s=built_seconds(arm_log(log_dir, arm))))
             write_results(args.out / arm.name, [group])
             print(f"{arm.name}: {group.steps:,} steps per seed in "
                   f"{time.monotonic() - began:.0f} s", flush=True)
