@@ -140,11 +140,15 @@ def _loop(run: Run, stops: list[int]) -> None:
         run.log.bar.update(cfg.num_envs)
         step = progress.global_step
         done = step >= cfg.total_timesteps
-        if step % cfg.log_interval < cfg.num_envs or done or stops:
+        logged = step % cfg.log_interval < cfg.num_envs or done or bool(stops)
+        if logged:
             _log(run)
-        if collector.checkpoint_due(step, cfg.checkpoint_every) or done or stops:
+        # A stop signal may come at any line: the run stops at a step it logged (one that
+        # came after the logs' test waits for the next step), and saves that step.
+        stopping = logged and bool(stops)
+        if collector.checkpoint_due(step, cfg.checkpoint_every) or done or stopping:
             saved = save_run(cfg, run.run_dir, progress, learner, collector)
-        if stops:
+        if stopping:
             raise TrainingInterrupted(
                 stops[0], f"{_stop_name(stops[0])} at step {step}: checkpoint {saved} saved "
                 f"and logs flushed{collector.stop_note()}; continue with: "

@@ -20,6 +20,7 @@ from processtools import Children, run
 from resumetools import straight_and_halves
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from rl_graphstep.core.errors import TrainingInterrupted
 from rl_graphstep.run.checkpoint import (
     FORMAT,
     list_checkpoints,
@@ -164,6 +165,34 @@ def test_a_signal_saves_flushes_and_resumes(signum: int, code: int, tmp_path: Pa
     assert main(["--resume", str(tmp_path / "run"), "--total-timesteps",
                  str(stopped_at + 100)]) == 0
     assert load_checkpoint(tmp_path / "run")["global_step"] == stopped_at + 100
+
+
+def test_a_signal_between_the_logs_and_the_checkpoint_logs_the_step_it_saves(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop signal handled after the loop chose not to log step 516 (no log interval's) but
+    before it chose whether to save: the run stops at the next step, 517, and its checkpoint
+    and its logs' last step agree. (The loop read the signals at each test: it saved step
+    516, its logs ending at 500; one after the save's test stopped without a save, its line
+    naming an older checkpoint.)"""
+    from rl_graphstep.run.collector import Collector
+
+    checkpoint_due = Collector.checkpoint_due
+
+    def signal_at_516(self: Collector, step: int, every: int) -> bool:
+        if step == 516:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)  # the handler runs before the next line
+        return checkpoint_due(self, step, every)
+
+    monkeypatch.setattr(Collector, "checkpoint_due", signal_at_516)
+    cfg = load_config([*SMALL, "--log-dir", str(tmp_path), "--run-name", "run",
+                       "--total-timesteps", "1000", "--checkpoint-every", "100000"])
+    with pytest.raises(TrainingInterrupted, match="SIGINT at step 517: checkpoint"):
+        train(cfg)
+    assert load_checkpoint(tmp_path / "run")["global_step"] == 517
+    events = EventAccumulator(str(tmp_path / "run"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("charts/SPS")][-2:] == [500, 517]
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
