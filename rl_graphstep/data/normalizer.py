@@ -94,17 +94,20 @@ def chan_update_seeds(count: np.ndarray, mean: np.ndarray, var: np.ndarray, batc
                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`chan_update` of K seeds at once, every seed counting n rows: ``count`` (K,),
     ``mean`` and ``var`` (K, D), ``batch`` (K, n, D), n >= 1. The same operations, elementwise:
-    the same values to the bit as K calls (one launch of numpy's work instead of K)."""
+    the same values to the bit as K calls (one launch of numpy's work instead of K). It runs
+    at every env step (the observations', PPO's returns'): its few numpy calls are kept few."""
     size = batch.shape[1]
-    if size == 1:  # one row a seed (one env): its mean is the row, its variance 0, exactly
-        batch_mean, batch_var = batch[:, 0], 0.0
-    else:
-        batch_mean, batch_var = batch.mean(axis=1), batch.var(axis=1)
     total = count + size
-    delta = batch_mean - mean
-    new_mean = mean + delta * (size / total)[:, None]
-    m2 = var * count[:, None] + batch_var * size + delta**2 * (count * size / total)[:, None]
-    return total, new_mean, m2 / total[:, None]
+    counted = count[:, None].astype(np.float64)  # exact: counts stay far below 2**53
+    totals = total[:, None].astype(np.float64)
+    # One row a seed (one env): its mean is the row and its variance 0, exactly.
+    delta = (batch[:, 0] if size == 1 else batch.mean(axis=1)) - mean
+    new_mean = mean + delta * (size / totals)
+    m2 = var * counted
+    if size > 1:
+        m2 += batch.var(axis=1) * size
+    m2 += delta * delta * (counted * size / totals)
+    return total, new_mean, m2 / totals
 
 
 class ObservationNormalizer:
@@ -142,6 +145,7 @@ class ObservationNormalizer:
         self._host = [torch.empty(self.stats.shape, pin_memory=cuda) for _ in range(2)]
         self._host_rows = [host.numpy()[:, :, 0] for host in self._host]  # (2, K, O) views
         self._turns = InTurns()
+        self._all_seen = False  # whether every seed has counted an observation
         self._upload()
 
     def update(self, observations: ArrayLike, keep: ArrayLike | None = None) -> None:
@@ -166,7 +170,8 @@ class ObservationNormalizer:
         """``stats`` from the host statistics, written in place on the current stream."""
         turn = self._turns.take()
         host, rows = self._host[turn], self._host_rows[turn]  # rows: its numpy view
-        if self.count.all():
+        self._all_seen = self._all_seen or bool(self.count.all())  # counts only grow
+        if self._all_seen:
             rows[0], rows[1] = self.mean, self.form.divisor(self.var)
         else:  # a seed without observations normalises by the identity
             seen = (self.count > 0)[:, None]
@@ -221,6 +226,7 @@ class ObservationNormalizer:
         self.count[:] = np.asarray(state["count"], dtype=np.int64)
         self.mean[:] = mean
         self.var[:] = np.asarray(state["var"], dtype=np.float64)
+        self._all_seen = False
         self._upload()
 
 
@@ -265,11 +271,15 @@ class RewardNormalizer:
                 count, mean, var = chan_update(int(self.count[k]), self.mean[k : k + 1],
                                                self.var[k : k + 1], by_seed[k][finite[k]])
                 self.count[k], self.mean[k], self.var[k] = count, mean[0], var[0]
-        divisor = np.repeat(np.sqrt(self.var + self.var_eps), self.num_envs)
-        scaled = np.clip(rewards / divisor, -self.clip, self.clip)
+        divisor = np.sqrt(self.var + self.var_eps)
+        if self.num_envs > 1:
+            divisor = np.repeat(divisor, self.num_envs)
+        # np.clip's values, in two ufuncs (np.clip's wrapper costs more than both).
+        scaled = np.minimum(np.maximum(rewards / divisor, -self.clip), self.clip)
         ended = np.logical_or(np.asarray(terminations, dtype=bool).reshape(-1),
                               np.asarray(truncations, dtype=bool).reshape(-1))
-        self.returns[ended] = 0.0
+        if ended.any():
+            self.returns[ended] = 0.0
         return scaled
 
     def state_dict(self) -> dict[str, Any]:

@@ -183,7 +183,7 @@ class OnPolicyLearner(StepPair):
         (normalised first under ``--obs-norm``, with the statistics current on the stream),
         and the rollout's next row gets the observations as acted on, the actions, their
         log-probabilities and the values. One launch with CUDA graphs."""
-        self._observations_host.numpy()[:] = observations
+        self._observations_rows[:] = observations
         self._observations.copy_(self._observations_host, non_blocking=True)
         if self.acting_graph is not None:
             self.acting_graph.replay()
@@ -197,7 +197,7 @@ class OnPolicyLearner(StepPair):
         in a buffer the next acting overwrites; its staging is then free again."""
         if self._acted is not None:
             self._acted.synchronize()
-        return self._actions_host.numpy()
+        return self._actions_rows
 
     def _build_acting(self) -> None:
         """The fixed buffers of :meth:`start_acting` (pinned host staging on CUDA), and its
@@ -208,6 +208,9 @@ class OnPolicyLearner(StepPair):
         self._observations_host = torch.zeros(rows, layout.observation_size, pin_memory=cuda)
         self._observations = torch.zeros(rows, layout.observation_size, device=self.device)
         self._actions_host = torch.zeros(rows, layout.action_size, pin_memory=cuda)
+        # Their numpy views, made once (``Tensor.numpy()`` costs microseconds a call).
+        self._observations_rows = self._observations_host.numpy()
+        self._actions_rows = self._actions_host.numpy()
         self._acted = torch.cuda.Event() if cuda else None
         if not self.plan.graphs:
             return

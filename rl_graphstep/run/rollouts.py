@@ -154,7 +154,7 @@ class RolloutCollector:
         # The final observations' values bootstrap truncated episodes (read only there),
         # normalised with this step's statistics: before the next observations count.
         final_values = (self.learner.values(self._observed(policy_inputs(final_observations)[0]))
-                        if np.any(truncations) else None)
+                        if truncations.any() else None)
         self.observations = next_observations
         if self.rollout.step + 1 < self.rollout.num_steps:
             # The next step's acting runs on the device while the host books this step.
