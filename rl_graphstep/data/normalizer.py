@@ -154,7 +154,8 @@ class ObservationNormalizer:
         non-finite rows out (the collector keeps those the replay buffer will not store)."""
         total = observations.shape[0]
         rows = as_columns("observations", observations, total, self.observation_size)
-        by_seed = rows.astype(np.float64).reshape(self.seeds, -1, self.observation_size)
+        by_seed = np.asarray(rows, dtype=np.float64).reshape(self.seeds, -1,
+                                                             self.observation_size)
         kept = None if keep is None else np.asarray(keep, dtype=bool).reshape(self.seeds, -1)
         if by_seed.shape[1] and (kept is None or kept.all()):  # every row counts: at once
             self.count, self.mean, self.var = chan_update_seeds(self.count, self.mean,
