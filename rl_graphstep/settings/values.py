@@ -81,7 +81,7 @@ _STRINGS = ("env_id", "log_dir", "run_name", "resume", "actor", "critic")
 
 def _limit_problem(name: str, value: Any) -> str | None:
     """Values that pass the field's own check but that numpy, torch or the file system
-    cannot take: seeds and counts out of range, infinite rates, unusable names."""
+    cannot take: seeds and counts out of range, unusable names."""
     if name == "seed" and value > SEED_MAX:
         return f"must be at most {SEED_MAX} (2**32 - 1, numpy's seed range), got {value}"
     if name in (*_POSITIVE_INTS, "learning_starts") and value > INT_MAX:
@@ -96,8 +96,6 @@ def _limit_problem(name: str, value: Any) -> str | None:
         return f"must be at most {MAX_CRITIC_ATOMS}, got {value}"
     if name == "num_seeds":
         return num_seeds_problem(value)
-    if name in ("policy_lr", "q_lr") and not math.isfinite(value):
-        return f"must be a finite number > 0, got {value!r}"
     if name in _STRINGS and isinstance(value, str):
         if any(ord(c) < 32 or ord(c) == 127 for c in value):
             return f"must not contain control characters such as NUL or a newline, got {value!r}"
@@ -124,10 +122,10 @@ def value_problem(name: str, value: Any) -> str | None:
         return f"must be a finite number > 0, got {value!r}"
     if name == "target_kl" and value is not None and not (value > 0 and math.isfinite(value)):
         return f"must be a finite number > 0 (or None: no early stop), got {value!r}"
-    if name in ("policy_lr", "q_lr", "critic_max_grad_norm", "actor_max_grad_norm") and not (
-        value > 0
-    ):
-        return f"must be > 0, got {value!r}"
+    if name in ("policy_lr", "q_lr") and not (value > 0 and math.isfinite(value)):
+        return f"must be a finite number > 0, got {value!r}"
+    if name in ("critic_max_grad_norm", "actor_max_grad_norm") and not value > 0:
+        return f"must be > 0, got {value!r}"  # inf: no clipping
     if name in ("alpha", "weight_decay", "ent_coef") and not (value >= 0 and math.isfinite(value)):
         return f"must be a finite number >= 0, got {value!r}"
     if name == "seeds" and value is not None:

@@ -132,7 +132,7 @@ BAD_TRAIN_INPUTS = [
     (["--hidden-sizes", "1000000000"], "use smaller --hidden-sizes"),
     (["--algo", "crossq", "--critic-hidden-sizes", "1000000000"],
      "use smaller --critic-hidden-sizes"),
-    (["--q-lr", "nan"], "--q-lr must be > 0, got nan"),
+    (["--q-lr", "nan"], "--q-lr must be a finite number > 0, got nan"),
     (["--policy-lr", "inf"], "--policy-lr must be a finite number > 0, got inf"),
     (["--gamma", "nan"], "--gamma must be in [0, 1], got nan"),
     (["--tau", "inf"], "--tau must be in (0, 1], got inf"),

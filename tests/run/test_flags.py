@@ -141,7 +141,7 @@ def test_a_bad_command_line_with_help_is_the_parser_error(
         (["--vec-env", "subprocess"],
          "--vec-env must be one of auto, sync, async, shared, got 'subprocess'"),
         (["--gamma", "1.5"], "--gamma must be in [0, 1], got 1.5"),
-        (["--q-lr", "0"], "--q-lr must be > 0, got 0.0"),
+        (["--q-lr", "0"], "--q-lr must be a finite number > 0, got 0.0"),
         (["--hidden-sizes", "64", "0"], "--hidden-sizes must be one or more positive ints"),
         (["--alpha", "0"], "--alpha must be > 0 with --autotune"),
     ],
