@@ -65,8 +65,8 @@ mode: min
     ("search: {q_rl: [0.1]}", r"unknown setting in search 'q_rl' \(did you mean 'q_lr'\?\)"),
     ("search: {q_lr: []}", r"search for 'q_lr' must be a non-empty list \(a grid\) or one of "
                            r"choice, uniform, loguniform, randint, got \[\]"),
-    ("search: {q_lr: [0.1, -1]}", r"q_lr must be a finite number > 0, got -1.0 in .*sweep.yaml's search for "
-                                  r"'q_lr'"),
+    ("search: {q_lr: [0.1, -1]}", r"q_lr must be a finite number > 0, got -1.0 in "
+                                  r".*sweep.yaml's search for 'q_lr'"),
     ("search: {q_lr: {uniform: [0.1, 0.01]}}", r"uniform needs low < high, got \[0.1, 0.01\]"),
     ("search: {gamma: {loguniform: [0, 0.5]}}", r"loguniform needs low > 0, got 0.0"),
     ("search: {tau: {uniform: [0.1]}}", r"uniform takes \[low, high\], got \[0.1\]"),
