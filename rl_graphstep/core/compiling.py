@@ -60,6 +60,30 @@ def _own_code(method: Callable[..., Any]) -> Callable[..., Any]:
     return types.MethodType(fresh, method.__self__)
 
 
+class outside_compiler:  # noqa: N801 (a decorator, named as one)
+    """Method decorator: ``torch.compiler.disable`` on the method, applied just before this
+    process first compiles (:func:`compile_static`), a plain method until then. Applied at
+    import, it would import the compiler (1-2 s) into every process, those that never build
+    an optimizer (a bad flag's line, ``--help``, ``evaluate``) too."""
+
+    def __init__(self, method: Callable[..., Any]) -> None:
+        self.method = method
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        setattr(owner, name, self.method)
+        _OUTSIDE_COMPILER.append((owner, name))
+
+
+_OUTSIDE_COMPILER: list[tuple[type, str]] = []  # (class, method name), not yet disabled
+
+
+def _keep_outside_compiler() -> None:
+    """Disable the compiler on the methods marked :class:`outside_compiler` (once each)."""
+    while _OUTSIDE_COMPILER:
+        owner, name = _OUTSIDE_COMPILER.pop()
+        setattr(owner, name, torch.compiler.disable(owner.__dict__[name]))
+
+
 def compile_static(function: Callable[..., Any]) -> Callable[..., Any]:
     """``torch.compile(function, dynamic=False)``: every shape specialised, never symbolic.
 
@@ -68,6 +92,7 @@ def compile_static(function: Callable[..., Any]) -> Callable[..., Any]:
     the actor's optimizer in the code they share (``Adam.step``), or, through its profile
     kept on disk between processes, because an earlier run in another process had other
     shapes at the same line. The kernels of a step then depended on what ran before it."""
+    _keep_outside_compiler()
     return torch.compile(function, dynamic=False)
 
 

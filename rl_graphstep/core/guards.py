@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from rl_graphstep.core.capture import selected_parameters, state_tensors
+from rl_graphstep.core.compiling import outside_compiler
 
 
 class GradNormClip:
@@ -335,11 +336,11 @@ class NonFiniteGuard:
     # GPU, inside a CUDA graph) they corrupted what they touch: the shared step counts read
     # values of other tensors, and one seed's data changed the others' parameters. Eagerly
     # they are a few multi-tensor kernels, captured with the rest of the step.
-    @torch.compiler.disable
+    @outside_compiler
     def _back_up_seeds(self) -> None:
         self._seed_layout().back_up()
 
-    @torch.compiler.disable
+    @outside_compiler
     def _restore_seeds(self, keep: Tensor) -> None:
         self._seed_layout().restore(keep)
 

@@ -85,3 +85,38 @@ def test_a_compiled_cuda_run_prints_none_of_the_frameworks_notices(tmp_path: Pat
     assert "CUDA graphs + torch.compile" in output
     for notice in NOTICES:
         assert notice not in output
+
+
+def test_the_trainer_and_evaluate_import_without_the_compiler() -> None:
+    """Importing torch's compiler takes 1-2 s: a bad flag's line, ``--help`` and ``evaluate``
+    come without it (a training run imports it with its first optimizer, as torch does)."""
+    out = run_python("-c", "import sys, rl_graphstep.train, rl_graphstep.evaluate; "
+                     "print('torch._dynamo' in sys.modules)", capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_a_method_marked_outside_the_compiler_runs_eagerly_inside_a_compiled_call() -> None:
+    import torch
+
+    from rl_graphstep.core.compiling import compile_static, outside_compiler
+
+    class Probe:
+        compiling: list[bool] = []
+
+        @outside_compiler
+        def add_one(self, x: torch.Tensor) -> torch.Tensor:
+            Probe.compiling.append(torch.compiler.is_compiling())
+            return x + 1
+
+    probe = Probe()
+    assert probe.add_one(torch.zeros(2)).tolist() == [1.0, 1.0]  # a plain method until then
+
+    def twice_plus_two(x: torch.Tensor) -> torch.Tensor:
+        return probe.add_one(x) * 2
+
+    compiled = compile_static(twice_plus_two)
+    assert compiled(torch.ones(3)).tolist() == [4.0, 4.0, 4.0]
+    # Traced, it would have run once, while compiling; outside the compiler it runs each call.
+    assert compiled(torch.ones(3)).tolist() == [4.0, 4.0, 4.0]
+    assert Probe.compiling == [False, False, False]
