@@ -60,7 +60,7 @@ def _own_code(method: Callable[..., Any]) -> Callable[..., Any]:
     return types.MethodType(fresh, method.__self__)
 
 
-class outside_compiler:  # noqa: N801 (a decorator, named as one)
+class outside_compiler:  # a decorator, named as one
     """Method decorator: ``torch.compiler.disable`` on the method, applied just before this
     process first compiles (:func:`compile_static`), a plain method until then. Applied at
     import, it would import the compiler (1-2 s) into every process, those that never build
