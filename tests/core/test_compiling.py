@@ -101,12 +101,12 @@ def test_a_method_marked_outside_the_compiler_runs_eagerly_inside_a_compiled_cal
 
     from rl_graphstep.core.compiling import compile_static, outside_compiler
 
-    class Probe:
-        compiling: list[bool] = []
+    compiling: list[bool] = []  # whether each call of the marked method was traced
 
+    class Probe:
         @outside_compiler
         def add_one(self, x: torch.Tensor) -> torch.Tensor:
-            Probe.compiling.append(torch.compiler.is_compiling())
+            compiling.append(torch.compiler.is_compiling())
             return x + 1
 
     probe = Probe()
@@ -119,4 +119,4 @@ def test_a_method_marked_outside_the_compiler_runs_eagerly_inside_a_compiled_cal
     assert compiled(torch.ones(3)).tolist() == [4.0, 4.0, 4.0]
     # Traced, it would have run once, while compiling; outside the compiler it runs each call.
     assert compiled(torch.ones(3)).tolist() == [4.0, 4.0, 4.0]
-    assert Probe.compiling == [False, False, False]
+    assert compiling == [False, False, False]
