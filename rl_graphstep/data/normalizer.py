@@ -279,8 +279,7 @@ class RewardNormalizer:
         scaled = np.minimum(np.maximum(rewards / divisor, -self.clip), self.clip)
         ended = np.logical_or(np.asarray(terminations, dtype=bool).reshape(-1),
                               np.asarray(truncations, dtype=bool).reshape(-1))
-        if ended.any():
-            self.returns[ended] = 0.0
+        self.returns[ended] = 0.0
         return scaled
 
     def state_dict(self) -> dict[str, Any]:
