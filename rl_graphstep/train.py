@@ -25,8 +25,9 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -140,19 +141,28 @@ def _loop(run: Run, stops: list[int]) -> None:
         run.log.bar.update(cfg.num_envs)
         step = progress.global_step
         done = step >= cfg.total_timesteps
-        logged = step % cfg.log_interval < cfg.num_envs or done or bool(stops)
+        logged = step % cfg.log_interval < cfg.num_envs or done
         if logged:
             _log(run)
-        # A stop signal may come at any line: the run stops at a step it logged (one that
-        # came after the logs' test waits for the next step), and saves that step.
-        stopping = logged and bool(stops)
-        if collector.checkpoint_due(step, cfg.checkpoint_every) or done or stopping:
+        saved = None
+        if collector.checkpoint_due(step, cfg.checkpoint_every) or done:
             saved = save_run(cfg, run.run_dir, progress, learner, collector)
-        if stopping:
-            raise TrainingInterrupted(
-                stops[0], f"{_stop_name(stops[0])} at step {step}: checkpoint {saved} saved "
-                f"and logs flushed{collector.stop_note()}; continue with: "
-                f"{suggested_command('train', '--resume', str(run.run_dir))}")
+        if stops:  # one test: a signal may come at any line above
+            _stop(run, stops[0], logged=logged, saved=saved)
+
+
+def _stop(run: Run, signum: int, *, logged: bool, saved: Path | None) -> NoReturn:
+    """Stop at the step just taken, whichever of its lines the signal came after: its logs
+    and its checkpoint, each unless the step made it already, then the one-line stop. No env
+    steps again in between: a second signal there would interrupt that step."""
+    if not logged:
+        _log(run)
+    if saved is None:
+        saved = save_run(run.cfg, run.run_dir, run.progress, run.learner, run.collector)
+    raise TrainingInterrupted(
+        signum, f"{_stop_name(signum)} at step {run.progress.global_step}: checkpoint {saved} "
+        f"saved and logs flushed{run.collector.stop_note()}; continue with: "
+        f"{suggested_command('train', '--resume', str(run.run_dir))}")
 
 
 def _saved_before(run: Run, error: EnvError) -> EnvError:

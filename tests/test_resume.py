@@ -170,10 +170,11 @@ def test_a_signal_saves_flushes_and_resumes(signum: int, code: int, tmp_path: Pa
 def test_a_signal_between_the_logs_and_the_checkpoint_logs_the_step_it_saves(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A stop signal handled after the loop chose not to log step 516 (no log interval's) but
-    before it chose whether to save: the run stops at the next step, 517, and its checkpoint
-    and its logs' last step agree. (The loop read the signals at each test: it saved step
-    516, its logs ending at 500; one after the save's test stopped without a save, its line
-    naming an older checkpoint.)"""
+    before it chose whether to save: the run stops there, with that step's logs and
+    checkpoint. (The loop read the signals at each test: it saved step 516, its logs ending
+    at 500; one after the save's test stopped without a save, its line naming an older
+    checkpoint. Deferred to the next step instead, a held-down Ctrl-C's second signal came
+    during that step's env step, and interrupted it.)"""
     from rl_graphstep.run.collector import Collector
 
     checkpoint_due = Collector.checkpoint_due
@@ -187,12 +188,12 @@ def test_a_signal_between_the_logs_and_the_checkpoint_logs_the_step_it_saves(
     monkeypatch.setattr(Collector, "checkpoint_due", signal_at_516)
     cfg = load_config([*SMALL, "--log-dir", str(tmp_path), "--run-name", "run",
                        "--total-timesteps", "1000", "--checkpoint-every", "100000"])
-    with pytest.raises(TrainingInterrupted, match="SIGINT at step 517: checkpoint"):
+    with pytest.raises(TrainingInterrupted, match="SIGINT at step 516: checkpoint"):
         train(cfg)
-    assert load_checkpoint(tmp_path / "run")["global_step"] == 517
+    assert load_checkpoint(tmp_path / "run")["global_step"] == 516
     events = EventAccumulator(str(tmp_path / "run"))
     events.Reload()
-    assert [e.step for e in events.Scalars("charts/SPS")][-2:] == [500, 517]
+    assert [e.step for e in events.Scalars("charts/SPS")][-2:] == [500, 516]
 
 
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
