@@ -145,7 +145,6 @@ class ObservationNormalizer:
         self._host = [torch.empty(self.stats.shape, pin_memory=cuda) for _ in range(2)]
         self._host_rows = [host.numpy()[:, :, 0] for host in self._host]  # (2, K, O) views
         self._turns = InTurns()
-        self._all_seen = False  # whether every seed has counted an observation
         self._upload()
 
     def update(self, observations: ArrayLike, keep: ArrayLike | None = None) -> None:
@@ -171,8 +170,7 @@ class ObservationNormalizer:
         """``stats`` from the host statistics, written in place on the current stream."""
         turn = self._turns.take()
         host, rows = self._host[turn], self._host_rows[turn]  # rows: its numpy view
-        self._all_seen = self._all_seen or bool(self.count.all())  # counts only grow
-        if self._all_seen:
+        if self.count.all():
             rows[0], rows[1] = self.mean, self.form.divisor(self.var)
         else:  # a seed without observations normalises by the identity
             seen = (self.count > 0)[:, None]
@@ -227,7 +225,6 @@ class ObservationNormalizer:
         self.count[:] = np.asarray(state["count"], dtype=np.int64)
         self.mean[:] = mean
         self.var[:] = np.asarray(state["var"], dtype=np.float64)
-        self._all_seen = False
         self._upload()
 
 
