@@ -58,11 +58,12 @@ STEP_PARTS = (
 def timed_parts(seconds: Counter[str]) -> Iterator[None]:
     """``STEP_PARTS`` each adding its calls' wall time into ``seconds`` (by label), while in
     the block: a part called inside another (the values inside the acting) is the outer's,
-    and nothing inside an update is timed (the update is a part of its own)."""
+    and nothing inside an update is timed (the update, wrapped untimed, is a part of its own)."""
+    wrapped = [*STEP_PARTS, (OnPolicyLearner, "update", None)]
+    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in wrapped]
     inside = [False]  # in a timed part or an update
-    originals = [(owner, name, getattr(owner, name)) for owner, name, _ in STEP_PARTS]
 
-    def timed(function: Any, label: str) -> Any:
+    def timed(function: Any, label: str | None) -> Any:
         @functools.wraps(function)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             if inside[0]:
@@ -72,28 +73,18 @@ def timed_parts(seconds: Counter[str]) -> Iterator[None]:
             try:
                 return function(*args, **kwargs)
             finally:
-                seconds[label] += time.perf_counter() - began
+                if label is not None:
+                    seconds[label] += time.perf_counter() - began
                 inside[0] = False
         return wrapper
 
-    update = OnPolicyLearner.update
-
-    def untimed_update(self: OnPolicyLearner, *args: Any) -> None:
-        inside[0] = True
-        try:
-            update(self, *args)
-        finally:
-            inside[0] = False
-
     try:
-        for (owner, name, label), (_, _, function) in zip(STEP_PARTS, originals, strict=True):
+        for (owner, name, label), (_, _, function) in zip(wrapped, originals, strict=True):
             setattr(owner, name, timed(function, label))
-        OnPolicyLearner.update = untimed_update  # type: ignore[method-assign]
         yield
     finally:
         for owner, name, function in originals:
             setattr(owner, name, function)
-        OnPolicyLearner.update = update  # type: ignore[method-assign]
 
 
 def split_rollouts(cfg_args: list[str], device: torch.device,
