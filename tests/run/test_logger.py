@@ -10,7 +10,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rl_graphstep.learners.metrics import MetricSums
-from rl_graphstep.run.logger import Logger, to_markdown_table
+from rl_graphstep.run.logger import EVENT_QUEUE, Logger, to_markdown_table
 from rl_graphstep.settings.config import Config
 
 
@@ -93,6 +93,21 @@ def test_event_file_holds_scalars_episodes_and_config(tmp_path: Path) -> None:
     assert text_tag in events.Tags()["tensors"]
     text = events.Tensors(text_tag)[0].tensor_proto.string_val[0].decode()
     assert "| batch_size | 64 |" in text
+
+
+def test_a_burst_of_episodes_beyond_the_event_queue_is_on_disk_after_a_flush(
+        tmp_path: Path) -> None:
+    # Many envs end episodes in bursts: the queue holds them for the writer thread, and a
+    # flush (the loop's at every checkpoint and stop) writes every one, in order.
+    episodes = EVENT_QUEUE + 300
+    with Logger(tmp_path) as logger:
+        for i in range(episodes):
+            logger.episode(i, episodic_return=float(i), length=i + 1)
+        logger.flush()
+        returns = read_events(tmp_path).Scalars("charts/episodic_return")
+        lengths = read_events(tmp_path).Scalars("charts/episodic_length")
+    assert [(e.step, e.value) for e in returns] == [(i, float(i)) for i in range(episodes)]
+    assert [e.value for e in lengths] == [float(i + 1) for i in range(episodes)]
 
 
 def test_exit_closes_on_exception(tmp_path: Path) -> None:
