@@ -115,21 +115,24 @@ def first_reset(envs: VectorEnv, seed: int | list[int]) -> np.ndarray:
 
 class OneEnvVector(SyncVectorEnv):
     """A SAME_STEP ``SyncVectorEnv`` of one env whose ``step`` skips the batching made for
-    many (iterating the batched actions, concatenating into a buffer, deep-copying it): the
-    same results in less time (benchmarks/LOG.md has the figures). Everything else
-    (reset, spaces, close, pickling) is ``SyncVectorEnv``'s."""
+    many (iterating the batched actions, concatenating into a buffer, deep-copying it, and
+    batching the env's own info keys): the same observations, rewards and flags in less time
+    (benchmarks/LOG.md has the figures). Its infos hold what the loop reads, as the shared
+    env's do: ``final_obs`` with its mask ``_final_obs`` where the episode ended, else none.
+    Everything else (reset, spaces, close, pickling) is ``SyncVectorEnv``'s."""
 
     def step(self, actions: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, dict]:
         if (self.autoreset_mode != AutoresetMode.SAME_STEP or self.num_envs != 1
                 or not isinstance(self.single_observation_space, gym.spaces.Box)):
             return super().step(actions)
         env = self.envs[0]
-        observation, reward, terminated, truncated, info = env.step(actions[0])
+        observation, reward, terminated, truncated, _ = env.step(actions[0])
         infos: dict[str, Any] = {}
         if terminated or truncated:
-            infos = self._add_info(infos, {"final_obs": observation, "final_info": info}, 0)
-            observation, info = env.reset()
-        infos = self._add_info(infos, info, 0)
+            final = np.empty(1, dtype=object)
+            final[0] = observation
+            infos = {"final_obs": final, "_final_obs": np.ones(1, dtype=np.bool_)}
+            observation, _ = env.reset()
         self._terminations[0], self._truncations[0] = terminated, truncated
         self._autoreset_envs[0] = terminated or truncated
         return (np.array([observation], dtype=self.single_observation_space.dtype),
