@@ -28,6 +28,7 @@ mean 0 and variance 1 (a difference of that weight in the first steps only).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -256,6 +257,13 @@ class RewardNormalizer:
               ) -> np.ndarray:
         """The step's rewards (K*N,) scaled and clipped, float64; the statistics and returns
         moved on by them."""
+        if self.returns.shape[0] == 1:
+            return self._scale_one(rewards, terminations, truncations)
+        return self._scale_all(rewards, terminations, truncations)
+
+    def _scale_all(self, rewards: ArrayLike, terminations: ArrayLike, truncations: ArrayLike
+                   ) -> np.ndarray:
+        """:meth:`scale` of every env at once, in numpy."""
         rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
         self.returns = self.returns * self.gamma + rewards
         by_seed = self.returns.reshape(self.seeds, self.num_envs, 1)
@@ -278,6 +286,29 @@ class RewardNormalizer:
                               np.asarray(truncations, dtype=bool).reshape(-1))
         self.returns[ended] = 0.0
         return scaled
+
+    def _scale_one(self, rewards: ArrayLike, terminations: ArrayLike, truncations: ArrayLike
+                   ) -> np.ndarray:
+        """:meth:`scale` of one seed's one env in Python floats: the same operations in the
+        same order as :func:`chan_update_seeds` with one row (IEEE doubles either way, so the
+        same values to the bit), without numpy's cost per call on one-element arrays
+        (about 50 µs a step against 9 on a 2-CPU machine)."""
+        reward = float(np.asarray(rewards).reshape(-1)[0])
+        ret = float(self.returns[0]) * self.gamma + reward
+        if math.isfinite(ret):
+            counted = float(self.count[0])
+            total = counted + 1.0
+            delta = ret - float(self.mean[0])
+            self.mean[0] = float(self.mean[0]) + delta * (1 / total)
+            var = (float(self.var[0]) * counted + delta * delta * (counted / total)) / total
+            self.var[0] = var
+            self.count[0] += 1
+        scaled = min(max(reward / math.sqrt(float(self.var[0]) + self.var_eps), -self.clip),
+                     self.clip)
+        ended = bool(np.asarray(terminations).reshape(-1)[0]) or bool(
+            np.asarray(truncations).reshape(-1)[0])
+        self.returns[0] = 0.0 if ended else ret
+        return np.array([scaled])
 
     def state_dict(self) -> dict[str, Any]:
         """The statistics and the envs' running returns as CPU tensors (float64: a resume

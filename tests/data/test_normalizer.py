@@ -262,6 +262,29 @@ def test_a_non_finite_return_is_not_counted() -> None:
     assert rewards.count.tolist() == [4] and np.isfinite(rewards.var).all()
 
 
+def test_one_env_scales_as_the_vectorised_path_does_to_the_bit() -> None:
+    """One seed's one env takes Python floats; the same operations as the numpy path for
+    many envs, so the same rewards, statistics and returns to the bit, over episode ends,
+    a NaN reward (not counted) and clipping."""
+    rng = np.random.default_rng(5)
+    one, vectorised = RewardNormalizer(1, 1, 0.99), RewardNormalizer(1, 1, 0.99)
+    rewards = rng.normal(size=600) * 3.0
+    rewards[17] = np.nan
+    rewards[0] = 250.0  # the first step's variance is 0: clipped at +10
+    for step, reward in enumerate(rewards):
+        ends = (np.array([step % 50 == 49]), np.array([step % 70 == 69]))
+        got = one.scale(np.array([reward]), *ends)
+        want = vectorised._scale_all(np.array([reward]), *ends)
+        assert got.dtype == want.dtype and got.shape == want.shape == (1,)
+        assert np.array_equal(got, want, equal_nan=True), step
+        for name in ("count", "mean", "var", "returns"):
+            assert np.array_equal(getattr(one, name), getattr(vectorised, name),
+                                  equal_nan=True), (step, name)
+    # The NaN at step 17 stays in its env's return until the episode ends at step 49: the 33
+    # returns from 17 to 49 are not counted.
+    assert one.count[0] == 600 - 33 and 0 < one.var[0] < np.inf
+
+
 def test_the_reward_state_round_trip_continues_bit_for_bit() -> None:
     rng = np.random.default_rng(2)
     rewards = RewardNormalizer(2, 3, 0.9)
