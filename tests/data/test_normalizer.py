@@ -50,6 +50,28 @@ def test_the_seeds_at_once_are_each_seeds_update_to_the_bit(rows: int) -> None:
         np.testing.assert_array_equal(together[2][k], alone[2])
 
 
+def test_one_seeds_one_row_counts_as_the_seeds_at_once_do_to_the_bit() -> None:
+    """One env of one seed takes its own path (its count arithmetic in Python floats): the
+    same statistics and device values as chan_update_seeds, row after row; a row not kept
+    (a non-finite observation) is not counted."""
+    rng = np.random.default_rng(4)
+    one = ObservationNormalizer(1, 5, "cpu", form=CLEANRL_FORM)
+    count, mean, var = np.zeros(1, dtype=np.int64), np.zeros((1, 5)), np.ones((1, 5))
+    for step in range(400):
+        row = rng.normal(size=(1, 5)) * (1 + step % 9) + 0.01 * step
+        if step == 7:
+            one.update(row, keep=np.array([False]))
+            continue
+        one.update(row)
+        count, mean, var = chan_update_seeds(count, mean, var, row[:, None])
+        assert one.count.tolist() == count.tolist() and one.count.dtype == count.dtype
+        assert np.array_equal(one.mean, mean) and np.array_equal(one.var, var), step
+    assert one.count[0] == 399
+    reference = ObservationNormalizer(1, 5, "cpu", form=CLEANRL_FORM)
+    reference.load_state_dict({"count": count, "mean": mean, "var": var})
+    assert torch.equal(one.stats, reference.stats)
+
+
 def test_an_empty_batch_changes_nothing() -> None:
     assert chan_update(2, np.array([2.0]), np.array([1.0]), np.empty((0, 1)))[0] == 2
 
