@@ -311,8 +311,7 @@ class RewardNormalizer:
                    ) -> np.ndarray:
         """:meth:`scale` of one seed's one env in Python floats (:func:`chan_one_row`; IEEE
         doubles either way, so the same values to the bit), without numpy's cost per call on
-        one-element arrays
-        (about 50 µs a step against 9 on a 2-CPU machine)."""
+        one-element arrays (about 50 µs a step against 9 on a 2-CPU machine)."""
         reward = float(np.asarray(rewards).reshape(-1)[0])
         ret = float(self.returns[0]) * self.gamma + reward
         if math.isfinite(ret):
