@@ -44,7 +44,7 @@ STEP_PARTS = (
     (EnvStepper, "start", "envs"),
     (EnvStepper, "finish", "envs"),
     (OnPolicyLearner, "values", "bootstrap values"),
-    (ObservationNormalizer, "update", "observation statistics"),
+    (ObservationNormalizer, "observe", "observation statistics"),
     (OnPolicyLearner, "start_acting", "acting launch"),
     (RolloutCollector, "_checked", "non-finite checks"),
     (RewardNormalizer, "scale", "reward scaling"),

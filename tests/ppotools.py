@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from rl_graphstep.algorithms.ppo import PPO
+from rl_graphstep.data.normalizer import CLEANRL_FORM, ObservationNormalizer
 from rl_graphstep.data.rollout import Rollout
 from rl_graphstep.learners.metrics import MetricSums
 from rl_graphstep.learners.onpolicy import OnPolicyLearner
@@ -28,9 +29,11 @@ SETTINGS = {"num_steps": 16, "num_envs": 4, "num_minibatches": 4, "update_epochs
 
 def make_learner(seeds: int = 1, device: str = "cpu", graphs: bool = False, *,
                  fuse: bool = True, state: dict | None = None, discrete: int = 0,
-                 **settings: object) -> tuple[OnPolicyLearner, MetricSums]:
+                 obs_norm: bool = False, **settings: object
+                 ) -> tuple[OnPolicyLearner, MetricSums]:
     """A built learner with networks made from torch seed 0 (one per seed, stacked);
-    ``discrete`` > 0: a categorical actor over that many actions."""
+    ``discrete`` > 0: a categorical actor over that many actions; ``obs_norm``: its rollout
+    normalises observations in PPO's form."""
     cfg = Config(**{**SETTINGS, "num_seeds": seeds, **settings})
     torch.manual_seed(0)
     actors = [CategoricalActor(OBS, gym.spaces.Discrete(discrete), cfg.hidden_sizes)
@@ -40,7 +43,10 @@ def make_learner(seeds: int = 1, device: str = "cpu", graphs: bool = False, *,
                      else (SeedStack(actors), SeedStack(critics)))
     target = torch.device(device)
     algorithm = PPO(actor, critic, cfg, device=target, seeds=seeds)
-    rollout = Rollout(cfg.num_steps, cfg.num_envs, 2, 1, target, seeds=seeds)
+    normalizer = (ObservationNormalizer(seeds, 2, target, form=CLEANRL_FORM) if obs_norm
+                  else None)
+    rollout = Rollout(cfg.num_steps, cfg.num_envs, 2, 1, target, seeds=seeds,
+                      normalizer=normalizer)
     plan = RunPlan(device=target, graphs=graphs, compile=False, action_stream=False,
                    vec_env="sync", tf32=False)
     learner = OnPolicyLearner(algorithm, rollout, cfg, plan)
@@ -132,3 +138,33 @@ def check_acting(learner: OnPolicyLearner) -> None:
         torch.testing.assert_close(row[:, layout.values], values.reshape(-1).cpu(),
                                    rtol=1e-5, atol=1e-5)
     assert not np.array_equal(returned[0][1], returned[1][1])
+
+
+def check_staged_statistics(learner: OnPolicyLearner) -> None:
+    """Under ``--obs-norm`` the acting brings the statistics to the device with the
+    observations: after every acting the normaliser's ``stats`` equal, to the bit, those a
+    host normaliser uploads after counting the same rows, and each row stored is the step's
+    observations normalised by them (a seed with a non-finite row counts it out)."""
+    rollout, seeds, envs = learner.rollout, learner.seeds, learner.rollout.num_envs
+    normalizer = rollout.normalizer
+    assert normalizer is not None
+    reference = ObservationNormalizer(seeds, 2, "cpu", form=CLEANRL_FORM)
+    rng = np.random.default_rng(1)
+    for step in range(rollout.num_steps):
+        observations = rng.normal(3.0, 2.0, (seeds * envs, 2))
+        keep = np.ones(seeds * envs, dtype=bool)
+        if step == 3:
+            keep[0] = False  # seed 0's first env: a row the collector keeps out
+        normalizer.observe(observations, keep)
+        reference.update(observations, keep)
+        learner.start_acting(observations)
+        learner.actions()
+        torch.testing.assert_close(normalizer.stats.cpu(), reference.stats, rtol=0, atol=0)
+        stored = rollout.rows[:, step, :, rollout.layout.observations].cpu()
+        expected = reference.normalize(torch.as_tensor(observations, dtype=torch.float32)
+                                       .view(seeds, envs, 2))
+        torch.testing.assert_close(stored, expected, rtol=0, atol=0)
+        rollout.record(np.zeros(seeds * envs), np.zeros(seeds * envs), np.zeros(seeds * envs),
+                       None)
+    assert reference.count.tolist() == [rollout.num_steps * envs - (k == 0)
+                                        for k in range(seeds)]

@@ -44,11 +44,11 @@ def test_two_seeds_count_before_acting_store_normalised_and_keep_their_own_stati
     added: list[torch.Tensor] = []  # the observations each step's row got
     recorded: list[np.ndarray] = []  # the rewards each step's record kept
     scaled: list[tuple[np.ndarray, np.ndarray]] = []
-    update, scale = ObservationNormalizer.update, RewardNormalizer.scale
+    observe, scale = ObservationNormalizer.observe, RewardNormalizer.scale
     write_acted, record = Rollout.write_acted, Rollout.record
 
     def counting(self: ObservationNormalizer, rows: np.ndarray, keep: object = None) -> None:
-        update(self, rows, keep)
+        observe(self, rows, keep)
         counted.append((np.array(rows, dtype=np.float64), self.mean.copy(), self.var.copy()))
 
     def writing(self: Rollout, observations: torch.Tensor, *rest: torch.Tensor) -> None:
@@ -64,7 +64,7 @@ def test_two_seeds_count_before_acting_store_normalised_and_keep_their_own_stati
         scaled.append((np.array(rewards), out))
         return out
 
-    monkeypatch.setattr(ObservationNormalizer, "update", counting)
+    monkeypatch.setattr(ObservationNormalizer, "observe", counting)
     monkeypatch.setattr(Rollout, "write_acted", writing)
     monkeypatch.setattr(Rollout, "record", recording)
     monkeypatch.setattr(RewardNormalizer, "scale", scaling)

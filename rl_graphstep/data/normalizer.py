@@ -162,6 +162,13 @@ class ObservationNormalizer:
         """Count the rows of ``observations`` (K x n, O; seed k's rows k*n .. k*n+n-1) whose
         ``keep`` is true (all when None) and upload the new statistics. The caller keeps
         non-finite rows out (the collector keeps those the replay buffer will not store)."""
+        self.observe(observations, keep)
+        self._upload()
+
+    def observe(self, observations: ArrayLike, keep: ArrayLike | None = None) -> None:
+        """:meth:`update`'s counting alone, on the host: ``stats`` stays as it was until
+        its owner writes :meth:`write_stats`'s rows into it (PPO's acting does, with the
+        observations, in one copy)."""
         total = observations.shape[0]
         rows = as_columns("observations", observations, total, self.observation_size)
         by_seed = np.asarray(rows, dtype=np.float64).reshape(self.seeds, -1,
@@ -177,7 +184,6 @@ class ObservationNormalizer:
                 batch = by_seed[k] if kept is None else by_seed[k][kept[k]]
                 self.count[k], self.mean[k], self.var[k] = chan_update(
                     int(self.count[k]), self.mean[k], self.var[k], batch)
-        self._upload()
 
     def _count_one_row(self, row: np.ndarray) -> None:
         """:func:`chan_update_seeds` of one seed's one row (1, O) by :func:`chan_one_row`,
@@ -190,18 +196,24 @@ class ObservationNormalizer:
     def _upload(self) -> None:
         """``stats`` from the host statistics, written in place on the current stream."""
         turn = self._turns.take()
-        host, rows = self._host[turn], self._host_rows[turn]  # rows: its numpy view
-        if self.count.all():
-            rows[0], rows[1] = self.mean, self.form.divisor(self.var)
-        else:  # a seed without observations normalises by the identity
-            seen = (self.count > 0)[:, None]
-            rows[0] = np.where(seen, self.mean, 0.0)
-            rows[1] = np.where(seen, self.form.divisor(self.var), 1.0)
+        host = self._host[turn]
+        self.write_stats(self._host_rows[turn])
         if self.device.type != "cuda":
             self.stats.copy_(host)
             return
         self.stats.copy_(host, non_blocking=True)
         self._turns.queued(torch.cuda.current_stream(self.device))
+
+    def write_stats(self, rows: np.ndarray) -> None:
+        """[mean | divisor] of the host statistics into ``rows`` (2, K, O), a float32 view of
+        host memory that is copied to :attr:`stats` (a seed without observations: the
+        identity, mean 0 and divisor 1)."""
+        if self.count.all():
+            rows[0], rows[1] = self.mean, self.form.divisor(self.var)
+        else:
+            seen = (self.count > 0)[:, None]
+            rows[0] = np.where(seen, self.mean, 0.0)
+            rows[1] = np.where(seen, self.form.divisor(self.var), 1.0)
 
     def normalize(self, observations: Tensor, stats: Tensor | None = None) -> Tensor:
         """``(x - mean) / divisor`` of ``observations``, clipped where the form clips: (K, B, O)

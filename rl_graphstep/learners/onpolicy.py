@@ -180,54 +180,100 @@ class OnPolicyLearner(StepPair):
     def start_acting(self, observations: np.ndarray) -> None:
         """Queue one env step's acting and return at once: the host observations (K*N, O),
         non-finite rows already zeros, go to the device; the policy samples actions for them
-        (normalised first under ``--obs-norm``, with the statistics current on the stream),
-        and the rollout's next row gets the observations as acted on, the actions, their
-        log-probabilities and the values. One launch with CUDA graphs."""
+        (normalised first under ``--obs-norm``), and the rollout's next row gets the
+        observations as acted on, the actions, their log-probabilities and the values. One
+        launch with CUDA graphs.
+
+        Under ``--obs-norm`` the caller has counted the observations on the host
+        (:meth:`ObservationNormalizer.observe`); their statistics travel in the same staging
+        and copy as the observations, and the acting writes them into the normaliser's
+        ``stats`` before it reads them (so does everything queued after it)."""
+        if self._pending:
+            self.actions()  # the staging is about to be rewritten: its last copy must be done
         self._observations_rows[:] = observations
-        self._observations.copy_(self._observations_host, non_blocking=True)
-        if self.acting_graph is not None:
+        normalizer = self.rollout.normalizer
+        if normalizer is not None and self._stats_rows is not None:
+            normalizer.write_stats(self._stats_rows)
+        if self.acting_graph is not None and self._copies_in_graph:
             self.acting_graph.replay()
         else:
-            self._act_into_rollout()
+            self._inputs.copy_(self._inputs_host, non_blocking=True)
+            if self.acting_graph is not None:
+                self.acting_graph.replay()
+            else:
+                self._act_into_rollout()
         if self._acted is not None:
-            self._acted.record()
+            self._acted.record(self._stream)
+        self._pending = True
 
     def actions(self) -> np.ndarray:
         """The actions (K*N, A) of the last :meth:`start_acting`, on the host (its one sync),
         in a buffer the next acting overwrites; its staging is then free again."""
         if self._acted is not None:
             self._acted.synchronize()
+        self._pending = False
         return self._actions_rows
 
     def _build_acting(self) -> None:
         """The fixed buffers of :meth:`start_acting` (pinned host staging on CUDA), and its
-        graph where the plan captures; where that fails (an actor's ``forward`` that waits
-        for the GPU, which the protocol allows), its eager twin, with a warning."""
+        graph where the plan captures: with the copy in from the staging where that can be
+        captured, else the copy outside; where the acting itself cannot be captured (an
+        actor's ``forward`` that waits for the GPU, which the protocol allows), its eager
+        twin, with a warning."""
         rows = self.seeds * self.rollout.num_envs
         layout, cuda = self.rollout.layout, self.device.type == "cuda"
-        self._observations_host = torch.zeros(rows, layout.observation_size, pin_memory=cuda)
-        self._observations = torch.zeros(rows, layout.observation_size, device=self.device)
+        size, normalizer = layout.observation_size, self.rollout.normalizer
+        # [observations (K*N rows) | the statistics' mean (K) | divisor (K)]: one copy in.
+        stats_rows = 0 if normalizer is None else 2 * self.seeds
+        self._inputs_host = torch.zeros(rows + stats_rows, size, pin_memory=cuda)
+        self._inputs = torch.zeros(rows + stats_rows, size, device=self.device)
+        self._observations = self._inputs[:rows]
+        self._stats_in = (None if normalizer is None
+                          else self._inputs[rows:].view(normalizer.stats.shape))
         self._actions_host = torch.zeros(rows, layout.action_size, pin_memory=cuda)
         # Their numpy views, made once (``Tensor.numpy()`` costs microseconds a call).
-        self._observations_rows = self._observations_host.numpy()
+        host_rows = self._inputs_host.numpy()
+        self._observations_rows = host_rows[:rows]
+        self._stats_rows = (None if normalizer is None
+                            else host_rows[rows:].reshape(2, self.seeds, size))
         self._actions_rows = self._actions_host.numpy()
         self._acted = torch.cuda.Event() if cuda else None
+        # Fetched once: current_stream() costs more than recording the event on it.
+        self._stream = torch.cuda.current_stream(self.device) if cuda else None
+        self._pending = False
+        self._copies_in_graph = False
+        if normalizer is not None:  # what the capture's warm-up reads: the current statistics
+            normalizer.write_stats(self._stats_rows)
+            self._inputs.copy_(self._inputs_host)
         if not self.plan.graphs:
             return
         try:
-            self.acting_graph, _ = capture_graph(self._act_into_rollout, self.device,
-                                                 what="PPO's acting")
-        except CaptureError as error:
-            warnings.warn(f"{error}; acting eagerly instead", stacklevel=3)
+            self.acting_graph, _ = capture_graph(self._copy_act_into_rollout, self.device,
+                                                 what="PPO's acting with its copy in")
+            self._copies_in_graph = True
+        except CaptureError as with_copy:
+            try:
+                self.acting_graph, _ = capture_graph(self._act_into_rollout, self.device,
+                                                     what="PPO's acting")
+                warnings.warn(f"{with_copy}; copying outside the graph", stacklevel=3)
+            except CaptureError as error:
+                warnings.warn(f"{error}; acting eagerly instead", stacklevel=3)
         self.rollout.position.zero_()  # the warm-up's row is the first step's to overwrite
+
+    def _copy_act_into_rollout(self) -> None:
+        """The staging's copy to the device, then :meth:`_act_into_rollout`."""
+        self._inputs.copy_(self._inputs_host, non_blocking=True)
+        self._act_into_rollout()
 
     @torch.no_grad()
     def _act_into_rollout(self) -> None:
-        """:meth:`start_acting`'s device work, from the observations on the device to the
-        actions in the host buffer: the same launches every step."""
+        """:meth:`start_acting`'s device work, from the inputs on the device to the actions in
+        the host buffer: the same launches every step."""
         observations = self._observations.view(*self.seed_shape, self.rollout.num_envs, -1)
-        if self.rollout.normalizer is not None:
-            observations = self.rollout.normalizer.normalize(observations)
+        normalizer = self.rollout.normalizer
+        if normalizer is not None:
+            normalizer.stats.copy_(self._stats_in)
+            observations = normalizer.normalize(observations)
         actions, log_probs, values = self.act(observations)
         self.rollout.write_acted(observations, actions, log_probs, values)
         self._actions_host.copy_(actions.reshape(self._actions_host.shape), non_blocking=True)

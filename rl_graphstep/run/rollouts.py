@@ -179,7 +179,7 @@ class RolloutCollector:
         the rollout's next row; :meth:`OnPolicyLearner.actions` waits for it."""
         safe, unsafe = policy_inputs(observations)
         if self.normalizer is not None:
-            self.normalizer.update(observations, None if unsafe is None else ~unsafe)
+            self.normalizer.observe(observations, None if unsafe is None else ~unsafe)
         self.learner.start_acting(safe)
         self._acting = True
 

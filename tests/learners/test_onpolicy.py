@@ -10,6 +10,7 @@ import pytest
 import torch
 from ppotools import (
     check_acting,
+    check_staged_statistics,
     fill_bandit,
     make_learner,
     next_values,
@@ -225,3 +226,8 @@ def test_state_loads_only_before_build() -> None:
                          ids=["one", "seeds", "discrete"])
 def test_acting_fills_the_rows_with_what_it_returns(seeds: int, discrete: int) -> None:
     check_acting(make_learner(seeds, discrete=discrete)[0])
+
+
+@pytest.mark.parametrize("seeds", [1, 2])
+def test_acting_brings_the_statistics_it_normalises_with(seeds: int) -> None:
+    check_staged_statistics(make_learner(seeds, obs_norm=True)[0])

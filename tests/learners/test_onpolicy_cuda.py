@@ -8,6 +8,7 @@ import pytest
 import torch
 from ppotools import (
     check_acting,
+    check_staged_statistics,
     fill_bandit,
     make_learner,
     next_values,
@@ -106,3 +107,10 @@ def test_captured_acting_fills_the_rows_with_what_it_returns(seeds: int, discret
     learner, _ = make_learner(seeds, device="cuda", graphs=True, discrete=discrete)
     assert learner.acting_graph is not None
     check_acting(learner)
+
+
+@pytest.mark.parametrize("seeds", [1, 2])
+def test_captured_acting_brings_the_statistics_it_normalises_with(seeds: int) -> None:
+    learner, _ = make_learner(seeds, device="cuda", graphs=True, obs_norm=True)
+    assert learner.acting_graph is not None
+    check_staged_statistics(learner)
