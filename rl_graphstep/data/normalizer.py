@@ -135,10 +135,12 @@ class ObservationNormalizer:
     Stream order (CUDA): :meth:`update` copies the new statistics to ``stats`` from pinned
     memory without blocking, on the current stream (the loop's: the one the ring writes and
     the updates use). What is queued after it on that stream reads the new values, what was
-    queued before the old ones; nothing else writes ``stats``. An action on a stream of its
-    own reads a copy of ``stats`` staged on the updates' stream with the actor (see
-    ``run.acting``), one round behind, as it reads the actor. When the loop updates it: see
-    ``run.collector``.
+    queued before the old ones. An action on a stream of its own reads a copy of ``stats``
+    staged on the updates' stream with the actor (see ``run.acting``), one round behind, as
+    it reads the actor. When the loop updates it: see ``run.collector``. PPO instead counts
+    with :meth:`observe` and brings :meth:`write_stats`'s rows in with the observations it
+    acts on, in the acting's one copy, which writes ``stats`` on the same stream
+    (``learners.onpolicy``).
     """
 
     def __init__(self, seeds: int, observation_size: int, device: torch.device | str, *,
