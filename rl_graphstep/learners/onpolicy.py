@@ -194,14 +194,13 @@ class OnPolicyLearner(StepPair):
         normalizer = self.rollout.normalizer
         if normalizer is not None and self._stats_rows is not None:
             normalizer.write_stats(self._stats_rows)
-        if self.acting_graph is not None and self._copies_in_graph:
+        if self.acting_graph is None:
+            self._copy_act_into_rollout()
+        elif self._copies_in_graph:
             self.acting_graph.replay()
         else:
             self._inputs.copy_(self._inputs_host, non_blocking=True)
-            if self.acting_graph is not None:
-                self.acting_graph.replay()
-            else:
-                self._act_into_rollout()
+            self.acting_graph.replay()
         if self._acted is not None:
             self._acted.record(self._stream)
         self._pending = True
