@@ -111,6 +111,52 @@ class SeedGradNormClip(GradNormClip):
         self.norm.copy_(norms)
 
 
+class JointGradNormClip(GradNormClip):
+    """Clip ``parameters`` by one 2-norm over their gradients and the gradients another clip
+    has just measured (``other.norm``, its pre-clip norm), as one ``clip_grad_norm_`` over
+    both sets would; keep that joint norm in ``self.norm`` (what the non-finite guard reads)
+    and this clip's own gradients' norm in ``self.own_norm``.
+
+    CleanRL's PPO clips its actor's and critic's gradients together, by one norm; two steps
+    that each clip their own network reproduce it when the second step's clip reads the
+    first's norm. Per seed with ``seeds=K > 1`` (``other`` then a (K,) per-seed clip). A
+    non-finite norm on either side makes the joint norm, and so the guard's skip, non-finite.
+    """
+
+    def __init__(self, parameters: Iterable[Tensor], max_norm: float, other: GradNormClip,
+                 seeds: int = 1) -> None:
+        super().__init__(parameters, max_norm)
+        self.seeds = _check_seeds(seeds)
+        if seeds > 1:
+            _check_stacked(self.parameters, seeds)
+        if other.norm.shape != (() if seeds == 1 else (seeds,)):
+            raise ValueError(f"a joint clip of {seeds} seeds needs another clip of as many, "
+                             f"got one whose norm has shape {tuple(other.norm.shape)}")
+        self.other = other
+        self.norm = torch.zeros(other.norm.shape, dtype=torch.float32,
+                                device=self.parameters[0].device)
+        self.own_norm = torch.zeros_like(self.norm)
+
+    def __call__(self) -> None:
+        grads = [p.grad for p in self.parameters if p.grad is not None]
+        if not grads:
+            own = torch.zeros_like(self.norm)
+        elif self.seeds > 1:
+            own = seed_grad_norms(grads, self.seeds)
+        else:
+            own = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+        joint = torch.linalg.vector_norm(torch.stack([own, self.other.norm.to(own.dtype)]),
+                                         dim=0)
+        if grads:
+            scale = (self.max_norm / (joint + 1e-6)).clamp_(max=1.0)
+            if self.seeds > 1:
+                torch._foreach_mul_(grads, [seed_view(scale.to(g.dtype), g) for g in grads])
+            else:
+                torch._foreach_mul_(grads, scale)
+        self.norm.copy_(joint)
+        self.own_norm.copy_(own)
+
+
 def clip_grad_norm(parameters: Iterable[Tensor], max_norm: float,
                    seeds: int = 1) -> GradNormClip:
     """A capture-safe :data:`~rl_graphstep.graphstep.GradientTransform` clipping

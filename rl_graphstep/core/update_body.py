@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from rl_graphstep.core.capture import selected_parameters
 from rl_graphstep.core.compiling import CompiledParts
-from rl_graphstep.core.guards import GradNormClip, NonFiniteGuard, SeedGradNormClip
+from rl_graphstep.core.guards import GradNormClip, NonFiniteGuard
 from rl_graphstep.core.maskedadam import masked_adam_step, supports_masked_step
 
 TensorLoss = Callable[[Any, Tensor], Tensor]
@@ -53,8 +53,7 @@ def _check_seed_pieces(seeds: int, gradient_transform: Any,
     if guard is not None and guard.seeds != seeds:
         raise ValueError(f"the update has {seeds} seeds, its guard {guard.seeds}")
     if isinstance(gradient_transform, GradNormClip):
-        clip_seeds = (gradient_transform.seeds
-                      if isinstance(gradient_transform, SeedGradNormClip) else 1)
+        clip_seeds = getattr(gradient_transform, "seeds", 1)
         if clip_seeds != seeds:
             raise ValueError(
                 f"the update has {seeds} seeds, its gradient-norm clip {clip_seeds}; clip each "

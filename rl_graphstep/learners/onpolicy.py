@@ -2,9 +2,14 @@
 
 One update = GAE over the rollout, then ``update_epochs`` epochs, each a fresh random
 permutation (drawn on the device) cut into ``num_minibatches`` minibatches; a minibatch is
-gathered by index into the steps' fixed buffers, then the critic step and the actor step run,
+gathered by index into the steps' fixed buffers, then the actor step and the critic step run,
 each an adaptation step (a CUDA graph, or its eager twin) with its own Adam and gradient-norm
-clip. With CUDA graphs the whole minibatch (gather, both steps, the metrics' sums) is one
+clip. As CleanRL's one ``clip_grad_norm_`` over both networks, the clips share one norm: the
+critic's clip reads the actor's pre-clip norm of the same minibatch and scales the critic's
+gradients by the joint norm over both. The actor's clip, run first, reads its own norm, which
+is within a hair of the joint one wherever the clip acts (the critic's gradient norm is a few
+percent of the actor's in PPO's MuJoCo runs); Adam makes such a common factor all but
+vanish. With CUDA graphs the whole minibatch (gather, both steps, the metrics' sums) is one
 graph, recorded from the two steps' bodies as the off-policy learner's fused update is.
 
 Nothing syncs with the host inside an update:
@@ -36,7 +41,7 @@ from rl_graphstep.algorithms.ppo import PPO
 from rl_graphstep.core.capture import capture_graph
 from rl_graphstep.core.errors import CaptureError
 from rl_graphstep.core.gatedadam import GatedAdam
-from rl_graphstep.core.guards import clip_grad_norm
+from rl_graphstep.core.guards import JointGradNormClip, clip_grad_norm
 from rl_graphstep.data.rollout import Rollout
 from rl_graphstep.graphstep import AdaptationStep, make_adaptation_step
 from rl_graphstep.learners.metrics import MetricSums
@@ -71,10 +76,10 @@ class OnPolicyLearner(StepPair):
                      if cfg.target_kl is not None else None)
         self.critic_optimizer = self._adam(algorithm.critic.parameters())
         self.actor_optimizer = self._adam(algorithm.actor.parameters())
-        self.critic_clip = clip_grad_norm(algorithm.critic.parameters(), cfg.max_grad_norm,
-                                          seeds=self.seeds)
         self.actor_clip = clip_grad_norm(algorithm.actor.parameters(), cfg.max_grad_norm,
                                          seeds=self.seeds)
+        self.critic_clip = JointGradNormClip(algorithm.critic.parameters(), cfg.max_grad_norm,
+                                             self.actor_clip, seeds=self.seeds)
         layout = rollout.layout
         self.value_loss = RecordedLoss(algorithm.value_loss, layout.value_targets)
         self.policy_loss = RecordedLoss(algorithm.policy_loss, layout.policy_targets)
@@ -322,18 +327,18 @@ class OnPolicyLearner(StepPair):
             self.minibatch_graph.replay()
             return
         self._gather()
-        self.critic_step.replay()
         self.actor_step.replay()
+        self.critic_step.replay()  # after the actor's: its clip reads the actor's norm
         self._add_metrics()
 
     def _record_minibatch(self) -> None:
         """The next minibatch as ordinary launches, which the minibatch graph records: its
-        rows gathered into the steps' buffers, the critic step, the actor step, the metrics
+        rows gathered into the steps' buffers, the actor step, the critic step, the metrics
         added into the rollout's sums."""
         assert self.critic_step is not None and self.actor_step is not None
         self._gather()
-        self.critic_step.run_update()
         self.actor_step.run_update()
+        self.critic_step.run_update()
         self._add_metrics()
 
     def _add_metrics(self) -> None:
@@ -361,7 +366,7 @@ class OnPolicyLearner(StepPair):
 
     def _minibatch_metrics(self) -> dict[str, Tensor]:
         """The last minibatch's metrics: the losses' own and both gradient norms."""
-        return {**self.value_loss.values, "losses/critic_grad_norm": self.critic_clip.norm,
+        return {**self.value_loss.values, "losses/critic_grad_norm": self.critic_clip.own_norm,
                 **self.policy_loss.values, "losses/actor_grad_norm": self.actor_clip.norm}
 
     def _check_kl(self, target_kl: float) -> None:

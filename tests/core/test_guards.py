@@ -12,6 +12,7 @@ from torch import nn
 import rl_graphstep.core.guards as guards
 import rl_graphstep.core.update_body as update_body
 from rl_graphstep.core.guards import (
+    JointGradNormClip,
     NonFiniteGuard,
     _row_norms,
     _slice_norms,
@@ -244,6 +245,76 @@ def test_one_seed_clip_is_todays_clip() -> None:
 def test_a_seed_clip_refuses_bad_seeds(seeds: int, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         clip_grad_norm(StackedMLP().parameters(), 1.0, seeds=seeds)
+
+
+def with_grads(*grads: list[float]) -> list[torch.Tensor]:
+    """Leaf tensors whose gradients are ``grads``."""
+    tensors = [torch.zeros(len(g), requires_grad=True) for g in grads]
+    for tensor, g in zip(tensors, grads, strict=True):
+        tensor.grad = torch.tensor(g)
+    return tensors
+
+
+def test_a_joint_clip_scales_by_the_norm_over_both_networks() -> None:
+    """Own gradients of norm 5, the other clip's norm 12: joint norm 13; max 6.5 halves them."""
+    own = with_grads([3.0, 0.0], [4.0])
+    other = clip_grad_norm(with_grads([12.0]), 6.5)
+    other()
+    clip = JointGradNormClip(own, 6.5, other)
+    clip()
+    torch.testing.assert_close(clip.norm, torch.tensor(13.0))
+    torch.testing.assert_close(clip.own_norm, torch.tensor(5.0))
+    scale = 6.5 / (13.0 + 1e-6)
+    torch.testing.assert_close(own[0].grad, torch.tensor([3.0 * scale, 0.0]))
+    torch.testing.assert_close(own[1].grad, torch.tensor([4.0 * scale]))
+    other.norm.fill_(0.0)  # joint norm 5 < 6.5: left as they are
+    calm = with_grads([3.0], [4.0])
+    JointGradNormClip(calm, 6.5, other)()
+    assert calm[0].grad.item() == 3.0 and calm[1].grad.item() == 4.0
+
+
+def test_a_joint_clip_is_torch_clip_grad_norm_over_both_sets() -> None:
+    """What the second set's clip leaves equals one clip_grad_norm_ over both sets."""
+    g = torch.Generator().manual_seed(3)
+    first = [torch.randn(5, generator=g) for _ in range(2)]
+    second = [torch.randn(7, generator=g) * 0.1 for _ in range(3)]
+    together = with_grads(*[x.tolist() for x in first + second])
+    expected = nn.utils.clip_grad_norm_(together, max_norm=0.5)
+    actor = with_grads(*[x.tolist() for x in first])
+    critic = with_grads(*[x.tolist() for x in second])
+    actor_clip = clip_grad_norm(actor, 0.5)
+    actor_clip()
+    critic_clip = JointGradNormClip(critic, 0.5, actor_clip)
+    critic_clip()
+    assert expected > 0.5  # the clip acts
+    torch.testing.assert_close(critic_clip.norm, expected)
+    for mine, theirs in zip(critic, together[2:], strict=True):
+        torch.testing.assert_close(mine.grad, theirs.grad)
+    alone = with_grads(*[x.tolist() for x in second])  # clipped by its own norm: untouched
+    nn.utils.clip_grad_norm_(alone, 0.5)
+    assert not torch.allclose(alone[0].grad, critic[0].grad)
+
+
+def test_a_joint_clip_per_seed_keeps_the_seeds_apart() -> None:
+    """Seed 0: own 5, other 12, halved; seed 1: own 1, other nan: its joint norm is nan (the
+    guard skips that seed's update), and seed 0 is as if seed 1 were finite."""
+    own = torch.zeros(2, 2, requires_grad=True)
+    own.grad = torch.tensor([[3.0, 4.0], [0.6, 0.8]])
+    other = clip_grad_norm([torch.zeros(2, 1, requires_grad=True)], 6.5, seeds=2)
+    other.norm.copy_(torch.tensor([12.0, float("nan")]))
+    clip = JointGradNormClip([own], 6.5, other, seeds=2)
+    clip()
+    assert clip.norm[0].item() == pytest.approx(13.0) and clip.norm[1].isnan()
+    torch.testing.assert_close(clip.own_norm, torch.tensor([5.0, 1.0]))
+    torch.testing.assert_close(own.grad[0], torch.tensor([1.5, 2.0]))
+    assert own.grad[1].isnan().all()
+
+
+def test_a_joint_clip_needs_another_clip_of_its_seeds() -> None:
+    other = clip_grad_norm(mlp().parameters(), 1.0)
+    with pytest.raises(ValueError, match=r"a joint clip of 3 seeds needs another clip of as "
+                                         r"many, got one whose norm has shape \(\)"):
+        JointGradNormClip(StackedMLP().parameters(), 1.0, other, seeds=3)
 
 
 def seed_update_body(module: nn.Module, max_norm: float = 1.0, *, compile: bool = False

@@ -4,6 +4,7 @@ for the rest of the update with no host sync, and a checkpoint resumes exactly."
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import pytest
@@ -20,6 +21,7 @@ from ppotools import (
 
 from rl_graphstep.core import guards
 from rl_graphstep.core.gatedadam import GatedAdam
+from rl_graphstep.networks.policies import ActionEvaluation
 
 
 def assert_same(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
@@ -132,6 +134,43 @@ def epoch_snapshots(target_kl: float | None, monkeypatch: pytest.MonkeyPatch | N
         forbid_host_syncs(monkeypatch)
     learner.update(next_values(learner))
     return snapshots, states, learner
+
+
+@pytest.mark.parametrize("seeds", [1, 2])
+def test_the_critic_is_clipped_by_one_norm_over_both_networks_as_cleanrl_does(
+        seeds: int) -> None:
+    """CleanRL clips the actor's and the critic's gradients by one ``clip_grad_norm_`` over
+    both; the critic step, run after the actor step, reads the actor's norm and matches it,
+    per seed. The actor, clipped first, by its own norm."""
+    learner, _ = make_learner(seeds, num_minibatches=1, update_epochs=1, max_grad_norm=0.05)
+    actor, critic = (copy.deepcopy(net) for net in (learner.algorithm.actor,
+                                                    learner.algorithm.critic))
+    fill_bandit(learner, seed=2)
+    learner.update(next_values(learner))
+    assert learner.critic_step is not None and learner.actor_step is not None
+    size = learner.rollout.layout.observation_size
+    learner.value_loss(critic(learner.critic_step.static_inputs),
+                       learner.critic_step.static_targets).sum().backward()
+    learner.policy_loss(ActionEvaluation(actor, size)(learner.actor_step.static_inputs),
+                        learner.actor_step.static_targets).sum().backward()
+    actor_params, critic_params = list(actor.parameters()), list(critic.parameters())
+    for k in range(seeds):  # CleanRL's clip on seed k's slices of both networks alone
+        pick = (lambda g: g) if seeds == 1 else (lambda g, k=k: g[k])
+        both = [torch.zeros_like(pick(p), requires_grad=True)
+                for p in actor_params + critic_params]
+        for tensor, p in zip(both, actor_params + critic_params, strict=True):
+            tensor.grad = pick(p.grad).clone()
+        joint = torch.nn.utils.clip_grad_norm_(both, 0.05)
+        own = torch.nn.utils.clip_grad_norm_([pick(p.grad).clone().requires_grad_()
+                                              for p in critic_params], float("inf"))
+        assert joint > 0.05 and own < joint  # the joint clip acts beyond the critic's own
+        torch.testing.assert_close(pick(learner.critic_clip.norm), joint)
+        for mine, theirs in zip(learner.algorithm.critic.parameters(),
+                                both[len(actor_params):], strict=True):
+            torch.testing.assert_close(pick(mine.grad), theirs.grad)
+        scale = min(1.0, 0.05 / (float(pick(learner.actor_clip.norm)) + 1e-6))
+        for mine, raw in zip(learner.algorithm.actor.parameters(), actor_params, strict=True):
+            torch.testing.assert_close(pick(mine.grad), pick(raw.grad) * scale)
 
 
 def test_without_target_kl_every_epoch_changes_the_networks() -> None:
