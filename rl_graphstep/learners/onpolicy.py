@@ -6,11 +6,12 @@ gathered by index into the steps' fixed buffers, then the actor step and the cri
 each an adaptation step (a CUDA graph, or its eager twin) with its own Adam and gradient-norm
 clip. As CleanRL's one ``clip_grad_norm_`` over both networks, the clips share one norm: the
 critic's clip reads the actor's pre-clip norm of the same minibatch and scales the critic's
-gradients by the joint norm over both. The actor's clip, run first, reads its own norm, which
-is within a hair of the joint one wherever the clip acts (the critic's gradient norm is a few
-percent of the actor's in PPO's MuJoCo runs); Adam makes such a common factor all but
-vanish. With CUDA graphs the whole minibatch (gather, both steps, the metrics' sums) is one
-graph, recorded from the two steps' bodies as the off-policy learner's fused update is.
+gradients by the joint norm over both. The actor's clip, run first, reads its own norm. In
+1M-step Humanoid-v4 runs (the critic's gradient norm 1-10% of the actor's) the joint scale
+was at least 0.97 of the actor's own in 90% of each rollout's minibatches, and at least
+0.995 in half; Adam makes such a common factor all but vanish. With CUDA graphs the whole
+minibatch (gather, both steps, the metrics' sums) is one graph, recorded from the two
+steps' bodies as the off-policy learner's fused update is.
 
 Nothing syncs with the host inside an update:
 

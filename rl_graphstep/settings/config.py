@@ -220,8 +220,8 @@ class Config:
                               algos=PPO_ONLY)
     ent_coef: float = option(0.0, "PPO: coefficient of the entropy bonus", algos=PPO_ONLY)
     vf_coef: float = option(0.5, "PPO: coefficient of the value loss", algos=PPO_ONLY)
-    max_grad_norm: float = option(0.5, "PPO: gradient-norm clip of the actor and the critic",
-                                  algos=PPO_ONLY)
+    max_grad_norm: float = option(0.5, "PPO: gradient-norm clip, one norm over the actor's "
+                                  "and the critic's gradients (CleanRL's)", algos=PPO_ONLY)
     target_kl: float | None = option(
         None, "PPO: stop a rollout's epochs once an epoch ends with approx_kl above this "
         "(per seed); None: always run every epoch", algos=PPO_ONLY)
