@@ -32,6 +32,9 @@ import torch
 from torch import nn
 from torch.distributions.normal import Normal
 
+from rl_graphstep.core.errors import EnvError, RLGraphstepError
+from rl_graphstep.envs.make import env_errors
+
 
 class RunningMeanStd:
     """gymnasium 0.29's running statistics (Chan's parallel rule, count starting at 1e-4)."""
@@ -51,8 +54,17 @@ class WrappedEnv:
     vector env's autoreset: an episode's end returns the next episode's first observation."""
 
     def __init__(self, env_id: str, seed: int, gamma: float) -> None:
-        self.env, self.gamma = gym.make(env_id), gamma
-        space = self.env.action_space
+        with env_errors(env_id):  # an unknown id or a missing dependency: one line
+            self.env = gym.make(env_id)
+        self.gamma, space = gamma, self.env.action_space
+        observations = self.env.observation_space
+        if not isinstance(space, gym.spaces.Box) or not isinstance(observations, gym.spaces.Box) \
+                or len(observations.shape) != 1:
+            raise EnvError(f"{env_id} has {type(space).__name__} actions and "
+                           f"{type(observations).__name__} observations of shape "
+                           f"{observations.shape}; "
+                           "CleanRL's ppo_continuous_action.py takes a Box of actions and a "
+                           "flat Box of observations (a MuJoCo task, Pendulum-v1)")
         self.low, self.high = space.low, space.high
         self.obs_rms = RunningMeanStd(self.env.observation_space.shape)
         self.ret_rms, self.ret, self.episode_return = RunningMeanStd(), 0.0, 0.0
@@ -166,8 +178,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.iterations < 1 or args.num_steps < 32 or args.num_steps % 32:
         parser.error(f"--iterations takes 1 or more and --num-steps a multiple of 32 (its 32 "
                      f"minibatches); got {args.iterations} and {args.num_steps}")
+    if args.num_steps < 64:
+        parser.error(f"--num-steps takes 64 or more: each of its 32 minibatches needs two rows "
+                     f"for the advantages' standard deviation; got {args.num_steps}")
+    if args.out is not None and (args.out.is_dir() or not args.out.parent.is_dir()):
+        parser.error(f"--out takes a file in a folder that exists (the CSV is written after "
+                     f"the whole run); got {args.out}")
     torch.set_num_threads(1)
-    episodes = train(args.env, args.seed, args.clip, args.iterations, args.num_steps)
+    try:
+        episodes = train(args.env, args.seed, args.clip, args.iterations, args.num_steps)
+    except RLGraphstepError as error:
+        parser.error(str(error))
     if args.out is not None:
         with args.out.open("w", newline="") as file:
             writer = csv.writer(file)

@@ -45,3 +45,22 @@ def test_bad_settings_are_refused_in_one_line(capsys: pytest.CaptureFixture[str]
     assert exit_info.value.code == 2
     assert ("--iterations takes 1 or more and --num-steps a multiple of 32 (its 32 "
             "minibatches); got 488 and 100") in capsys.readouterr().err
+
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["--env", "Nope-v1"], "Nope-v1"),
+    (["--env", "CartPole-v1"], "takes a Box of actions and a flat Box of observations"),
+    (["--num-steps", "32"], "--num-steps takes 64 or more: each of its 32 minibatches needs "
+     "two rows for the advantages' standard deviation; got 32"),
+    (["--env", "Pendulum-v1", "--out", "/no-such-folder/episodes.csv"],
+     "--out takes a file in a folder that exists"),
+])
+def test_bad_input_is_one_line_before_any_training(argv: list[str], expected: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        ppo_reference.main([*argv, "--iterations", "1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert expected in err
+    assert "Traceback" not in err
