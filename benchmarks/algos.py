@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import gymnasium as gym
 import torch
+from cli import check_training, cli_main, nonnegative_int, positive_int
 from recipes import parse_arm
 from throughput import build_update, time_updates
 
@@ -44,15 +45,16 @@ def critic_parameters(cfg: Config) -> int:
     return sum(p.numel() for p in critic.parameters())
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="HalfCheetah-v5")
     parser.add_argument("--arm", action="append", metavar="NAME=FLAGS",
                         help="an algorithm and its flags (default: sac and crossq)")
-    parser.add_argument("--steps", type=int, default=15_000, help="env steps of each loop")
-    parser.add_argument("--learning-starts", type=int, default=1_000)
-    parser.add_argument("--updates", type=int, default=2_000, help="updates timed alone")
-    parser.add_argument("--num-seeds", type=int, default=1)
+    parser.add_argument("--steps", type=positive_int, default=15_000, help="env steps of each loop")
+    parser.add_argument("--learning-starts", type=nonnegative_int, default=1_000)
+    parser.add_argument("--updates", type=positive_int, default=2_000, help="updates timed alone")
+    parser.add_argument("--num-seeds", type=positive_int, default=1)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     args = parser.parse_args(argv)
     try:
@@ -60,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                           "crossq=--algo crossq"]]
     except ValueError as error:
         parser.error(str(error))
+    for arm in arms:  # every arm's flags before the first arm runs
+        check_training(args.env, [*flags_of(args.device), *arm.flags], f"arm {arm.name}")
     rows = []
     for arm in arms:
         base = ["--device", args.device, *flags_of(args.device), "--num-seeds",

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+from cli import cli_main, positive_int
 from learner import box, built_learner
 
 from rl_graphstep.learners import OffPolicyLearner
@@ -72,12 +73,13 @@ def busy_cpu(processes: int) -> Iterator[None]:
             burner.wait()
 
 
+@cli_main
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--updates", type=int, default=100, help="updates per round")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds per cell (median)")
+    parser.add_argument("--updates", type=positive_int, default=100, help="updates per round")
+    parser.add_argument("--rounds", type=positive_int, default=3, help="rounds per cell (median)")
     parser.add_argument("--algos", nargs="+", default=["sac", "td3"], choices=["sac", "td3"])
-    parser.add_argument("--threads", nargs="*", type=int, default=[],
+    parser.add_argument("--threads", nargs="*", type=positive_int, default=[],
                         help="thread counts to time besides 1 and torch's default")
     args = parser.parse_args()
     default = torch.get_num_threads()
@@ -109,4 +111,4 @@ def _nothing() -> Iterator[None]:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

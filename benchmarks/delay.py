@@ -14,6 +14,7 @@ import argparse
 import time
 
 import torch
+from cli import cli_main, positive_int
 from learner import box, built_learner
 
 from rl_graphstep.settings.config import Config
@@ -36,9 +37,10 @@ def time_updates(policy_frequency: int, updates: int, device: torch.device) -> f
     return (time.perf_counter() - start) / updates * 1e6
 
 
+@cli_main
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--updates", type=int, default=3000)
+    parser.add_argument("--updates", type=positive_int, default=3000)
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     counter = time_updates(2, args.updates, device)
@@ -50,4 +52,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

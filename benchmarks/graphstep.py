@@ -12,6 +12,7 @@ import argparse
 import time
 
 import torch
+from cli import cli_main, positive_int
 from torch import nn
 
 from rl_graphstep.core.guards import clip_grad_norm
@@ -49,14 +50,18 @@ def time_step(kind: type, device: str, args: argparse.Namespace) -> float:
     return (time.perf_counter() - start) / args.updates * 1e6
 
 
+@cli_main
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--updates", type=int, default=2000)
-    parser.add_argument("--batch-size", type=int, default=256)
-    parser.add_argument("--inputs", type=int, default=23)
-    parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--updates", type=positive_int, default=2000)
+    parser.add_argument("--batch-size", type=positive_int, default=256)
+    parser.add_argument("--inputs", type=positive_int, default=23)
+    parser.add_argument("--width", type=positive_int, default=256)
+    parser.add_argument("--device", choices=["cuda", "cpu"],
+                        default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda needs a CUDA GPU, and none is available; use --device cpu")
     where = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     print(f"# {where}, torch {torch.__version__}, batch {args.batch_size}, "
           f"{args.inputs}-{args.width}-{args.width}-1 MLP, Adam + clip, {args.updates} updates")
@@ -69,4 +74,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -53,6 +53,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from cli import check_training, cli_main, positive_int
 from processes import cold_compile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,6 +151,7 @@ def parse_group(text: str) -> list[tuple[str, str]]:
     return [(algo, env_id)] if colon else [g for g in ALL_GROUPS if g[0] == algo]
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      epilog="Flags it does not know go to every new group's "
@@ -164,10 +166,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "folder named after it (sac_humanoid_parallel); a resumed group "
                              "keeps its own")
     parser.add_argument("--log-dir", type=Path, default=Path("runs"))
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--total-timesteps", type=int, default=1_000_000,
+    parser.add_argument("--seeds", type=positive_int, default=5)
+    parser.add_argument("--total-timesteps", type=positive_int, default=1_000_000,
                         help="each group's length (default: 1,000,000)")
-    parser.add_argument("--job-steps", type=int, default=None,
+    parser.add_argument("--job-steps", type=positive_int, default=None,
                         help="at most this many env steps per group in this job, for a machine "
                              "held for a limited time (default: to the end)")
     args, extra = parser.parse_known_args(argv)
@@ -179,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--job-steps would end a PPO group's first job at a shorter "
                      "--total-timesteps, over which PPO anneals its learning rate for good; "
                      "run PPO groups without --job-steps (each in one job)")
-    failed = 0
+    jobs = []
     for algo, env_id in dict.fromkeys(chosen):  # each group once, in the order asked
         run_dir = args.log_dir / run_name(algo, env_id, args.config)
         done = steps_done(run_dir)
@@ -187,6 +189,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{run_dir}: done ({done:,} steps)", flush=True)
             continue
         cmd = command(algo, env_id, run_dir, done, args, extra)
+        if not done:  # every new group's command is checked before the first one runs
+            check_training(env_id, cmd[3:], f"the group {algo} on {env_id}")
+        jobs.append((algo, run_dir, done, cmd))
+    failed = 0
+    for algo, run_dir, done, cmd in jobs:
         left_out = [] if done else settings_of(algo, extra)[1]
         if left_out:
             print(f"{run_dir.name}: leaves out {' '.join(left_out)} (settings that {algo} "
@@ -202,4 +209,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

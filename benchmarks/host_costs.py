@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from cli import cli_main
 
 from rl_graphstep.data.buffer import ReplayBuffer
 from rl_graphstep.envs.vector import EpisodeStatistics, make_vec_env
@@ -45,6 +46,7 @@ def captured(body: Callable[[], object]) -> torch.cuda.CUDAGraph:
     return graph
 
 
+@cli_main
 def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("host_costs.py times CUDA calls: it needs CUDA")
@@ -89,4 +91,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

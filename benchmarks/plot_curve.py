@@ -23,13 +23,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from cli import BenchmarkError, cli_main, positive_int
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator, ScalarEvent
 
 DEFAULT_TAG = "charts/episodic_return"
 SUMMARY_LAST = 10
 
 
-class CurveError(Exception):
+class CurveError(BenchmarkError):
     """A run folder or tag that cannot be plotted; the message is shown as a one-line error."""
 
 
@@ -132,7 +133,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="PNG file to write")
     parser.add_argument("--tag", default=DEFAULT_TAG, help=f"scalar tag (default {DEFAULT_TAG})")
     parser.add_argument("--title", default=None, help="plot title (default: the run name(s))")
-    parser.add_argument("--smooth", type=int, default=10,
+    parser.add_argument("--smooth", type=positive_int, default=10,
                         help="episodes in the trailing moving average (default 10)")
     parser.add_argument("--reference", type=float, default=None,
                         help="y value of a dashed horizontal reference line")
@@ -140,12 +141,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="legend label of the reference line")
     parser.add_argument("--csv-dir", type=Path, default=None,
                         help="also write each run folder's curve to DIR/RUN_NAME.csv")
-    args = parser.parse_args(argv)
-    if args.smooth < 1:
-        parser.error("--smooth must be at least 1")
-    return args
+    return parser.parse_args(argv)
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Read the runs, print their summaries, write the PNG; return the exit code."""
     args = parse_args(argv)
@@ -162,18 +161,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # the expected way resumed runs are read, so keep it quiet.
     logging.getLogger("tensorboard").setLevel(logging.ERROR)
     curves: list[tuple[str, list[int], list[float]]] = []
-    try:
-        for run in args.runs:
-            if run.suffix == ".csv":
-                curves.append((run.stem, *read_csv(run)))
-                continue
-            steps, values = read_scalars(run, args.tag)
-            curves.append((run.resolve().name, steps, values))
-            if args.csv_dir is not None:
-                write_csv(args.csv_dir / f"{run.resolve().name}.csv", args.tag, steps, values)
-    except CurveError as err:
-        print(f"plot_curve.py: error: {err}", file=sys.stderr)
-        return 2
+    for path in args.runs:
+        if path.suffix == ".csv":
+            curves.append((path.stem, *read_csv(path)))
+            continue
+        steps, values = read_scalars(path, args.tag)
+        curves.append((path.resolve().name, steps, values))
+        if args.csv_dir is not None:
+            write_csv(args.csv_dir / f"{path.resolve().name}.csv", args.tag, steps, values)
     for name, steps, values in curves:
         print(summary_line(name, steps, values))
 

@@ -29,10 +29,11 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
+from cli import cli_main, positive_int
 from torch import nn
 from torch.distributions.normal import Normal
 
-from rl_graphstep.core.errors import EnvError, RLGraphstepError
+from rl_graphstep.core.errors import EnvError
 from rl_graphstep.envs.make import env_errors
 
 
@@ -165,12 +166,13 @@ def train(env_id: str, seed: int, clip: str, iterations: int, num_steps: int
     return env.episodes
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="Humanoid-v4")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--clip", choices=["joint", "separate"], default="joint")
-    parser.add_argument("--iterations", type=int, default=488,
+    parser.add_argument("--iterations", type=positive_int, default=488,
                         help="rollouts (488 x 2,048 = CleanRL's 999,424 steps)")
     parser.add_argument("--num-steps", type=int, default=2048)
     parser.add_argument("--out", type=Path, help="CSV of the episodes: return, terminated")
@@ -185,10 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--out takes a file in a folder that exists (the CSV is written after "
                      f"the whole run); got {args.out}")
     torch.set_num_threads(1)
-    try:
-        episodes = train(args.env, args.seed, args.clip, args.iterations, args.num_steps)
-    except RLGraphstepError as error:
-        parser.error(str(error))
+    episodes = train(args.env, args.seed, args.clip, args.iterations, args.num_steps)
     if args.out is not None:
         with args.out.open("w", newline="") as file:
             writer = csv.writer(file)

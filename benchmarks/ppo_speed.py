@@ -56,6 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from cli import cli_main, nonnegative_int, positive_float, positive_int
 from processes import end_group
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -273,21 +274,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--leanrl-modes", nargs="*", choices=list(LEANRL_MODES),
                         default=["compile+cudagraphs", "compile", "plain"])
     parser.add_argument("--env", default="HalfCheetah-v5")
-    parser.add_argument("--num-steps", type=int, default=2048, help="steps a rollout, 1 env")
-    parser.add_argument("--num-minibatches", type=int, default=32)
-    parser.add_argument("--update-epochs", type=int, default=10)
-    parser.add_argument("--many-envs", type=int, default=64,
+    parser.add_argument("--num-steps", type=positive_int, default=2048,
+                        help="steps a rollout, 1 env")
+    parser.add_argument("--num-minibatches", type=positive_int, default=32)
+    parser.add_argument("--update-epochs", type=positive_int, default=10)
+    parser.add_argument("--many-envs", type=nonnegative_int, default=64,
                         help="our many-env arm's envs (0: none)")
-    parser.add_argument("--many-steps", type=int, default=32, help="its steps a rollout "
+    parser.add_argument("--many-steps", type=positive_int, default=32, help="its steps a rollout "
                         "(64 x 32: the 2,048 rows of the 1-env rollout, the same updates)")
     parser.add_argument("--ours-flags", help="more flags for our arms (default: --compile on "
                         "on CUDA, none on the CPU)")
-    parser.add_argument("--rollouts", type=int, default=10, help="each arm's rollouts")
-    parser.add_argument("--burn-in", type=int, default=3, help="rollouts not timed")
+    parser.add_argument("--rollouts", type=positive_int, default=10, help="each arm's rollouts")
+    parser.add_argument("--burn-in", type=nonnegative_int, default=3, help="rollouts not timed")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--timeout", type=float, default=300, help="seconds per arm "
+    parser.add_argument("--timeout", type=positive_float, default=300, help="seconds per arm "
                         "(LeanRL's compiled mode once took over 180 s to compile)")
-    parser.add_argument("--deadline", type=float, help="seconds for the whole job: an arm "
+    parser.add_argument("--deadline", type=positive_float, help="seconds for the whole job: an arm "
                         "gets what is left, and none starts with less than 30 s")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     args = parser.parse_args(argv)
@@ -338,6 +340,7 @@ def versions(args: argparse.Namespace) -> str:
     return line
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     work = Path(tempfile.mkdtemp(prefix="ppo_speed-"))

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from cli import check_training, cli_main, positive_float, positive_int
 from processes import cold_compile, end_group
 from results import GroupResult, ResultsError, joined_machines, write_results
 from runfolders import read_group
@@ -176,14 +177,15 @@ def write_curves(path: Path, results: Sequence[ArmResult]) -> None:
                                  "" if math.isnan(value) else f"{value:.2f}"])
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", required=True)
     parser.add_argument("--arm", action="append", required=True, metavar="NAME=FLAGS",
                         help="a recipe: its name and the training flags it adds")
-    parser.add_argument("--num-seeds", type=int, default=5)
-    parser.add_argument("--minutes", type=float, required=True, help="wall time per arm")
+    parser.add_argument("--num-seeds", type=positive_int, default=5)
+    parser.add_argument("--minutes", type=positive_float, required=True, help="wall time per arm")
     parser.add_argument("--threshold", type=float, help="the return a user waits for")
     parser.add_argument("--out", type=Path, required=True, help="where the table is written")
     parser.add_argument("--log-dir", type=Path, help="the runs' folders (default: a temporary "
@@ -195,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(error))
     if len({arm.name for arm in arms}) != len(arms):
         parser.error("each --arm needs a name of its own")
+    for arm in arms:  # every arm's flags before the first arm's minutes
+        check_training(args.env, arm.flags, f"arm {arm.name}")
     args.out.mkdir(parents=True, exist_ok=True)
     budget_s = args.minutes * 60
     with tempfile.TemporaryDirectory() as scratch:
@@ -202,12 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = []
         for arm in arms:
             began = time.monotonic()
-            try:
-                run_dir = run_arm(arm, args.env, args.num_seeds, budget_s, log_dir)
-                group = read_group(run_dir)
-            except ResultsError as error:
-                print(f"error: {error}", file=sys.stderr)
-                return 2
+            group = read_group(run_arm(arm, args.env, args.num_seeds, budget_s, log_dir))
             results.append(summarise(arm, group,
                                      built_s=built_seconds(arm_log(log_dir, arm))))
             write_results(args.out / arm.name, [group])
@@ -227,4 +226,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

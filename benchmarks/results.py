@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from cli import BenchmarkError
 
 from rl_graphstep.algorithms import is_on_policy
 
@@ -43,7 +44,7 @@ UNMACHINED_GROUP_FIELDS = GROUP_FIELDS[:-1]
 OFF_POLICY_GROUP_FIELDS = [*OLD_GROUP_FIELDS, *OFF_POLICY_SETTINGS, "timed_from"]
 
 
-class ResultsError(Exception):
+class ResultsError(BenchmarkError):
     """A run folder or results file that cannot be read; shown as a one-line error."""
 
 

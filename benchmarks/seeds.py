@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 import torch
+from cli import cli_main, nonnegative_int, positive_int
 from learner import built_learner
 from throughput import profile_updates, time_updates
 
@@ -88,19 +89,21 @@ def update_figures(env_id: str, seeds: int, updates: int) -> tuple[float, float,
     return (us, *profile_updates(learner, False, f"{env_id} K={seeds}"))
 
 
+@cli_main
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", nargs="+", default=["HalfCheetah-v5"])
-    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 4, 8, 16, 32],
+    parser.add_argument("--seeds", nargs="+", type=positive_int, default=[1, 2, 4, 8, 16, 32],
                         help="the group sizes K to measure")
     parser.add_argument("--vec-envs", nargs="+", default=["sync", "async", "shared"],
                         choices=["auto", "sync", "async", "shared"],
                         help="auto: the training default's choice per K")
-    parser.add_argument("--steps", type=int, default=30_000,
+    parser.add_argument("--steps", type=positive_int, default=30_000,
                         help="env steps per seed (at 6,000, one seed's figure spread over "
                         "1,800-2,600 env steps/s)")
-    parser.add_argument("--learning-starts", type=int, default=1_000)
-    parser.add_argument("--updates", type=int, default=500, help="updates timed alone per K")
+    parser.add_argument("--learning-starts", type=nonnegative_int, default=1_000)
+    parser.add_argument("--updates", type=positive_int, default=500,
+                        help="updates timed alone per K")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -140,4 +143,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import yaml
+from cli import cli_main, nonnegative_int, positive_float, positive_int
 
 from rl_graphstep.settings.config import config_from_dict
 from rl_graphstep.sweep import main as sweep_main
@@ -55,13 +56,14 @@ def swept(args: argparse.Namespace, folder: Path) -> float:
     return args.trials * args.steps / (time.perf_counter() - start)
 
 
+@cli_main
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="HalfCheetah-v5")
-    parser.add_argument("--steps", type=int, default=5000, help="env steps per trial")
-    parser.add_argument("--learning-starts", type=int, default=1000)
-    parser.add_argument("--trials", type=int, default=4)
-    parser.add_argument("--cpus-per-trial", type=float, default=1)
+    parser.add_argument("--steps", type=positive_int, default=5000, help="env steps per trial")
+    parser.add_argument("--learning-starts", type=nonnegative_int, default=1000)
+    parser.add_argument("--trials", type=positive_int, default=4)
+    parser.add_argument("--cpus-per-trial", type=positive_float, default=1)
     parser.add_argument("--gpus-per-trial", type=float, default=0)
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
@@ -75,4 +77,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from cli import cli_main
 from evaluations import (
     EPISODES,
     GroupEvaluations,
@@ -368,6 +369,7 @@ def report(results_dir: Path, references_path: Path) -> list[Path]:
     return written
 
 
+@cli_main
 def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry: one clear line and exit 2 on a run or file that cannot be read."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -387,24 +389,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                              help="folder of the kept results "
                              "(default benchmarks/mujoco_results)")
     args = parser.parse_args(argv)
-    try:
-        if args.command == "collect":
-            collected = collect(args.runs, args.results)
-            for group in collected:
-                print(f"{group.label} on {group.env_id}: seeds {group.seeds}, "
-                      f"{group.steps:,} steps each, {_duration(group.wall_s)}")
-            if args.evaluate:
-                labels = {group.key: group.label for group in collected}
-                for key, kept in collect_evaluations(args.runs, args.results,
-                                                     device=args.device).items():
-                    print(f"{labels.get(key, key[1])} on {key[0]}: evaluated, "
-                          f"IQM {kept.cell()}")
-        else:
-            for path in report(args.results, args.references):
-                print(f"wrote {path}")
-    except ResultsError as err:
-        print(f"table.py: error: {err}", file=sys.stderr)
-        return 2
+    if args.command == "collect":
+        collected = collect(args.runs, args.results)
+        for group in collected:
+            print(f"{group.label} on {group.env_id}: seeds {group.seeds}, "
+                  f"{group.steps:,} steps each, {_duration(group.wall_s)}")
+        if args.evaluate:
+            labels = {group.key: group.label for group in collected}
+            for key, kept in collect_evaluations(args.runs, args.results,
+                                                 device=args.device).items():
+                print(f"{labels.get(key, key[1])} on {key[0]}: evaluated, IQM {kept.cell()}")
+    else:
+        for path in report(args.results, args.references):
+            print(f"wrote {path}")
     return 0
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 import torch
+from cli import cli_main, nonnegative_int, positive_int
 from learner import built_learner
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
@@ -159,14 +160,15 @@ def profile_updates(learner: OffPolicyLearner, breakdown: bool, mode: str
     return len(kernels) / profiled, kernel_us / profiled
 
 
+@cli_main
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", nargs="+", default=["HalfCheetah-v5"])
-    parser.add_argument("--steps", type=int, default=11_000)
-    parser.add_argument("--eager-steps", type=int, default=3_000,
+    parser.add_argument("--steps", type=positive_int, default=11_000)
+    parser.add_argument("--eager-steps", type=positive_int, default=3_000,
                         help="steps of the (slow) eager mode")
-    parser.add_argument("--learning-starts", type=int, default=1_000)
-    parser.add_argument("--updates", type=int, default=2_000,
+    parser.add_argument("--learning-starts", type=nonnegative_int, default=1_000)
+    parser.add_argument("--updates", type=positive_int, default=2_000,
                         help="updates timed alone per mode")
     parser.add_argument("--modes", nargs="+", default=DEFAULT_MODES, choices=list(MODES))
     parser.add_argument("--breakdown", action="store_true",
@@ -175,7 +177,7 @@ def main() -> None:
                         help="instead: profile the host side of one mode's loop (cProfile)")
     parser.add_argument("--host-split", metavar="MODE", nargs="+", choices=list(MODES),
                         help="instead: time the parts of each mode's loop (µs per env step)")
-    parser.add_argument("--num-seeds", type=int, default=1,
+    parser.add_argument("--num-seeds", type=positive_int, default=1,
                         help="seeds trained together in --profile-host and --host-split")
     args = parser.parse_args()
     if args.profile_host:
@@ -341,4 +343,4 @@ def print_table(env_id: str, rows: list[Row]) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

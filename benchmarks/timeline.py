@@ -29,6 +29,7 @@ import tempfile
 from collections.abc import Callable
 
 import torch
+from cli import cli_main, nonnegative_int, positive_int
 from throughput import build_update, calling_at_learning, profile_updates
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -172,17 +173,18 @@ def report(prof: profile, window: int, top: int) -> None:
           f"{(span - busy) * per:,.1f} µs")
 
 
+@cli_main
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="HalfCheetah-v5")
-    parser.add_argument("--seeds", type=int, default=8, help="the group size K")
+    parser.add_argument("--seeds", type=positive_int, default=8, help="the group size K")
     parser.add_argument("--vec-env", default="auto", choices=["auto", "sync", "async", "shared"])
-    parser.add_argument("--steps", type=int, default=6_000, help="env steps per seed")
-    parser.add_argument("--learning-starts", type=int, default=1_000)
-    parser.add_argument("--skip", type=int, default=2_000,
+    parser.add_argument("--steps", type=positive_int, default=6_000, help="env steps per seed")
+    parser.add_argument("--learning-starts", type=nonnegative_int, default=1_000)
+    parser.add_argument("--skip", type=nonnegative_int, default=2_000,
                         help="learning iterations before the window")
-    parser.add_argument("--window", type=int, default=300, help="iterations profiled")
-    parser.add_argument("--top", type=int, default=8, help="kernels listed per stream")
+    parser.add_argument("--window", type=positive_int, default=300, help="iterations profiled")
+    parser.add_argument("--top", type=positive_int, default=8, help="kernels listed per stream")
     parser.add_argument("--gpu-only", action="store_true",
                         help="trace the GPU alone, not the host (which then runs at about its "
                         "own speed)")
@@ -212,4 +214,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

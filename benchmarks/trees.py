@@ -26,6 +26,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cli import cli_main, nonnegative_int, positive_int
+
 _LOOP = """import json, sys, tempfile
 sys.path.insert(0, "benchmarks")
 from seeds import run_loop
@@ -67,15 +69,18 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+@cli_main
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tree", action="append", required=True, metavar="NAME=PATH",
                         help="a source tree to run, named (give two or more)")
     parser.add_argument("--env", default="HalfCheetah-v5")
-    parser.add_argument("--seeds", nargs="+", type=int, default=[1, 8], help="the Ks to run")
-    parser.add_argument("--steps", type=int, default=20_000, help="env steps per seed")
-    parser.add_argument("--learning-starts", type=int, default=1_000)
-    parser.add_argument("--rounds", type=int, default=2, help="every tree at every K, per round")
+    parser.add_argument("--seeds", nargs="+", type=positive_int, default=[1, 8],
+                        help="the Ks to run")
+    parser.add_argument("--steps", type=positive_int, default=20_000, help="env steps per seed")
+    parser.add_argument("--learning-starts", type=nonnegative_int, default=1_000)
+    parser.add_argument("--rounds", type=positive_int, default=2,
+                        help="every tree at every K, per round")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--flags", default="", help="more training flags, one string (after "
                         "the loop's own, so they win: --flags '--config sac_mujoco_parallel "
@@ -101,4 +106,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

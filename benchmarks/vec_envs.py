@@ -14,6 +14,7 @@ import os
 import time
 
 import numpy as np
+from cli import cli_main, positive_int
 
 from rl_graphstep.envs.vector import make_vec_env
 
@@ -36,12 +37,13 @@ def step_us(env_id: str, count: int, kind: str, steps: int) -> float:
         envs.close()
 
 
+@cli_main
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--envs", nargs="+", default=["HalfCheetah-v5"])
-    parser.add_argument("--counts", nargs="+", type=int, default=[1, 2, 4, 8])
+    parser.add_argument("--counts", nargs="+", type=positive_int, default=[1, 2, 4, 8])
     parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
-    parser.add_argument("--steps", type=int, default=2_000)
+    parser.add_argument("--steps", type=positive_int, default=2_000)
     args = parser.parse_args()
     print(f"# {os.cpu_count()} CPUs; µs per vector step over {args.steps} steps\n")
     print("| env | envs | " + " | ".join(args.kinds) + " |")
@@ -54,4 +56,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -39,13 +39,36 @@ def test_a_group_goes_on_job_after_job_to_its_length(tmp_path: Path,
     assert (group.algo, group.env_id, group.seeds) == ("td3", "Pendulum-v1", [1, 2])
 
 
-def test_a_failed_group_makes_the_exit_code_and_the_others_still_run(tmp_path: Path) -> None:
-    args = ["--only", "td3:NoSuchEnv-v0", "--only", "td3:Pendulum-v1", "--log-dir",
-            str(tmp_path), "--seeds", "1", "--total-timesteps", "300", "--device", "cpu",
-            "--learning-starts", "200"]
-    assert groups.main(args) == 1
-    assert groups.steps_done(tmp_path / "td3_pendulum") == 300
-    assert groups.steps_done(tmp_path / "td3_nosuchenv") == 0
+@pytest.mark.parametrize(("bad", "message"), [
+    (["--only", "td3:NoSuchEnv-v0"], "the group td3 on NoSuchEnv-v0: unknown environment "
+     "'NoSuchEnv-v0'"),
+    (["--batch-size", "0"], "the group td3 on Pendulum-v1: --batch-size must be a positive "
+     "int, got 0"),
+    (["--bogus"], "the group td3 on Pendulum-v1: unknown flag --bogus"),
+])
+def test_a_group_its_training_would_refuse_stops_the_job_before_any_group_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], bad: list[str],
+        message: str) -> None:
+    args = ["--only", "td3:Pendulum-v1", "--log-dir", str(tmp_path), "--seeds", "1",
+            "--total-timesteps", "300", "--learning-starts", "200", "--device", "cpu"]
+    assert groups.main([*args, *bad]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"groups.py: error: {message}") and "\n" not in err
+    assert list(tmp_path.iterdir()) == []  # not one group started
+
+
+def test_a_group_that_fails_makes_the_exit_code_and_the_others_still_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ran: list[str] = []
+
+    def run(cmd: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        ran.append(cmd[cmd.index("--run-name") + 1])
+        return subprocess.CompletedProcess(cmd, 1 if len(ran) == 1 else 0)
+
+    monkeypatch.setattr(groups.subprocess, "run", run)
+    assert groups.main(["--only", "td3:Pendulum-v1", "--only", "sac:Pendulum-v1", "--log-dir",
+                        str(tmp_path), "--device", "cpu"]) == 1
+    assert ran == ["td3_pendulum", "sac_pendulum"]
 
 
 def test_a_group_that_is_not_algo_env_is_refused(capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import re
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -19,7 +20,10 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def load_script() -> ModuleType:
-    """Import benchmarks/plot_curve.py (benchmarks/ is not a package)."""
+    """Import benchmarks/plot_curve.py (benchmarks/ is not a package; its own imports, such
+    as cli, come from that folder)."""
+    if str(SCRIPT.parent) not in sys.path:
+        sys.path.insert(0, str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("plot_curve", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
