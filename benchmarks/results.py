@@ -233,13 +233,15 @@ def write_results(results_dir: Path, groups: Sequence[GroupResult]) -> list[Path
             writer.writerow(["seed", "step", "return", *(["seconds"] if timed else [])])
             for curve in group.curves:
                 for i, (step, value) in enumerate(zip(curve.steps, curve.returns, strict=True)):
+                    # Seconds to the microsecond: at 0.01 s an episode ended just after a
+                    # reading's moment (60.004 s) read back as at it (60.00) and counted.
                     writer.writerow([curve.seed, int(step), f"{value:.2f}",
-                                     *([f"{curve.seconds[i]:.2f}"] if timed else [])])
+                                     *([f"{curve.seconds[i]:.6f}"] if timed else [])])
         written.append(path)
         # wall_s as precise as the episodes' seconds: rounded alike, none is past it.
         rows[group.key] = {"env_id": group.env_id, "algo": group.algo,
                            "seeds": " ".join(map(str, group.seeds)), "steps": group.steps,
-                           "wall_s": f"{group.wall_s:.2f}",
+                           "wall_s": f"{group.wall_s:.6f}",
                            "env_steps_per_s": f"{group.env_steps_per_s:.0f}",
                            **{name: "" if value is None else value
                               for name, value in group.settings.items()},

@@ -227,3 +227,22 @@ def test_the_iqm_at_the_budget() -> None:
     row = wallclock.wallclock_table(rows).splitlines()[2]
     assert "| not reached (final IQM 667) | - |" in row
     assert "| 667 [667, 667] (ended at 1 min) |" in row
+
+
+def test_kept_results_read_the_same_as_the_run_at_every_moment(tmp_path: Path) -> None:
+    """An episode that ends 4 ms after a reading's moment (60 s) is not in that reading, in
+    the run's own figures and in its kept CSVs read back (kept to 0.01 s, it read as ended
+    at 60.00 and counted)."""
+    results, wallclock = load("results"), load("wallclock")
+    group = hand_group()
+    for late in group.curves[:2]:
+        late.seconds[-1] = 60.004
+    group.wall_s = 60.01
+    results.write_results(tmp_path, [group])
+    [kept] = results.load_results(tmp_path)
+    for moment in (10, 35, 60, 60.01):
+        assert wallclock.at_budget(kept, moment)[:2] == wallclock.at_budget(group, moment)[:2]
+    # At 60 s seeds 1 and 2 are still at 500 (their third episodes are 4 ms later): the IQM
+    # of (500, 500, 667, 667, 667) is 611; with them counted it would be 667.
+    assert wallclock.at_budget(kept, 60)[1] == pytest.approx((500 + 2000 / 3 * 2) / 3)
+    assert kept.curves[0].seconds[-1] == 60.004
