@@ -153,7 +153,8 @@ def parse_group(text: str) -> list[tuple[str, str]]:
 
 @cli_main
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    # No abbreviations: a training flag such as --seed, handed on, would be read as --seeds.
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                      epilog="Flags it does not know go to every new group's "
                                             "training command (such as --device cpu).")
     parser.add_argument("--only", type=parse_group, action="append", metavar="ALGO:ENV",

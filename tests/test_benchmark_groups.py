@@ -248,3 +248,19 @@ def test_main_hands_the_config_to_new_groups_only(tmp_path: Path,
                       runs / "sac_humanoid_big.compile-cache",
                       runs / "sac_humanoid_parallel.compile-cache"]
     assert not any(cache.exists() for cache in caches)
+
+
+def test_a_training_flag_that_begins_like_one_of_its_own_is_handed_on(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--seed 6`` is the training's first seed, not an abbreviation of ``--seeds``."""
+    ran: list[list[str]] = []
+
+    def run(cmd: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        ran.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(groups.subprocess, "run", run)
+    assert groups.main(["--only", "sac:Pendulum-v1", "--log-dir", str(tmp_path), "--seed",
+                        "6", "--device", "cpu"]) == 0
+    [cmd] = ran
+    assert cmd[cmd.index("--num-seeds") + 1] == "5" and cmd[cmd.index("--seed") + 1] == "6"
