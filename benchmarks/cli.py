@@ -86,5 +86,4 @@ def cli_main(main: Callable[..., int | None]) -> Callable[..., int]:
             print(f"{prog}: error: {error}", file=sys.stderr)
             return 2
 
-    guarded.one_line_errors = True  # type: ignore[attr-defined]  # for the suite's check
     return guarded
