@@ -29,7 +29,7 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import torch
-from cli import cli_main, positive_int
+from cli import cli_main
 from torch import nn
 from torch.distributions.normal import Normal
 
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--env", default="Humanoid-v4")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--clip", choices=["joint", "separate"], default="joint")
-    parser.add_argument("--iterations", type=positive_int, default=488,
+    parser.add_argument("--iterations", type=int, default=488,
                         help="rollouts (488 x 2,048 = CleanRL's 999,424 steps)")
     parser.add_argument("--num-steps", type=int, default=2048)
     parser.add_argument("--out", type=Path, help="CSV of the episodes: return, terminated")

@@ -284,8 +284,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         "(64 x 32: the 2,048 rows of the 1-env rollout, the same updates)")
     parser.add_argument("--ours-flags", help="more flags for our arms (default: --compile on "
                         "on CUDA, none on the CPU)")
-    parser.add_argument("--rollouts", type=positive_int, default=10, help="each arm's rollouts")
-    parser.add_argument("--burn-in", type=nonnegative_int, default=3, help="rollouts not timed")
+    parser.add_argument("--rollouts", type=int, default=10, help="each arm's rollouts")
+    parser.add_argument("--burn-in", type=int, default=3, help="rollouts not timed")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=positive_float, default=300, help="seconds per arm "
                         "(LeanRL's compiled mode once took over 180 s to compile)")

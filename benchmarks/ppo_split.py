@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from cli import cli_main, nonnegative_int, positive_int
+from cli import cli_main
 
 import rl_graphstep.train as training
 from rl_graphstep.data.normalizer import ObservationNormalizer, RewardNormalizer
@@ -124,8 +124,8 @@ def split_rollouts(cfg_args: list[str], device: torch.device,
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--env", default="HalfCheetah-v5")
-    parser.add_argument("--rollouts", type=positive_int, default=8)
-    parser.add_argument("--burn-in", type=nonnegative_int, default=2, help="rollouts not counted")
+    parser.add_argument("--rollouts", type=int, default=8)
+    parser.add_argument("--burn-in", type=int, default=2, help="rollouts not counted")
     parser.add_argument("--flags", default="", help="more training flags, one string")
     parser.add_argument("--device", choices=["cuda", "cpu"],
                         default="cuda" if torch.cuda.is_available() else "cpu")
