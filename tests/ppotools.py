@@ -29,11 +29,11 @@ SETTINGS = {"num_steps": 16, "num_envs": 4, "num_minibatches": 4, "update_epochs
 
 def make_learner(seeds: int = 1, device: str = "cpu", graphs: bool = False, *,
                  fuse: bool = True, state: dict | None = None, discrete: int = 0,
-                 obs_norm: bool = False, **settings: object
+                 obs_norm: bool = False, compile: bool = False, **settings: object
                  ) -> tuple[OnPolicyLearner, MetricSums]:
     """A built learner with networks made from torch seed 0 (one per seed, stacked);
     ``discrete`` > 0: a categorical actor over that many actions; ``obs_norm``: its rollout
-    normalises observations in PPO's form."""
+    normalises observations in PPO's form; ``compile``: the plan compiles."""
     cfg = Config(**{**SETTINGS, "num_seeds": seeds, **settings})
     torch.manual_seed(0)
     actors = [CategoricalActor(OBS, gym.spaces.Discrete(discrete), cfg.hidden_sizes)
@@ -47,7 +47,7 @@ def make_learner(seeds: int = 1, device: str = "cpu", graphs: bool = False, *,
                   else None)
     rollout = Rollout(cfg.num_steps, cfg.num_envs, 2, 1, target, seeds=seeds,
                       normalizer=normalizer)
-    plan = RunPlan(device=target, graphs=graphs, compile=False, action_stream=False,
+    plan = RunPlan(device=target, graphs=graphs, compile=compile, action_stream=False,
                    vec_env="sync", tf32=False)
     learner = OnPolicyLearner(algorithm, rollout, cfg, plan)
     if state is not None:

@@ -1,11 +1,12 @@
 """PPO through the training loop on the GPU: a short captured run on CartPole-v1 (discrete)
 and Pendulum-v1 (continuous), one seed and two, makes every update finite, logs CleanRL's
 diagnostics, checkpoints and evaluates; and the captured run resumed at a rollout boundary
-goes on as the run straight through."""
+goes on as the run straight through; compiled, the acting is too, with no fallback."""
 
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import pytest
@@ -86,3 +87,20 @@ def test_a_captured_run_with_both_normalisers_trains_and_resumes_as_it_went_on(
         assert torch.isfinite(tensor).all(), name
         assert torch.equal(tensor, halves["agent"]["actor"][name]), name
     evaluate(tmp_path / "straight", episodes=1, device="cuda", verbose=False)
+
+
+
+def test_a_compiled_captured_run_compiles_its_acting_with_no_fallback(tmp_path: Path) -> None:
+    """--compile on compiles the acting's kernels before capturing them, as the updates':
+    two seeds with the statistics staged in train with no warning of a fallback."""
+    args = ["--env", "Pendulum-v1", *BASE, "--compile", "on", "--obs-norm", "--num-seeds", "2",
+            "--log-dir", str(tmp_path), "--run-name", "run"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        summary = train(load_config(args))
+    fallbacks = [str(w.message) for w in caught if "uncompiled" in str(w.message)
+                 or "eagerly" in str(w.message) or "PPO's acting" in str(w.message)]
+    assert fallbacks == []
+    assert summary["graph"] is True and summary["compile"] is True
+    for tensor in load_checkpoint(tmp_path / "run")["agent"]["actor"].values():
+        assert torch.isfinite(tensor).all()

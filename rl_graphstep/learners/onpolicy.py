@@ -40,6 +40,7 @@ from torch import Tensor
 
 from rl_graphstep.algorithms.ppo import PPO
 from rl_graphstep.core.capture import capture_graph
+from rl_graphstep.core.compiling import compile_now
 from rl_graphstep.core.errors import CaptureError
 from rl_graphstep.core.gatedadam import GatedAdam
 from rl_graphstep.core.guards import JointGradNormClip, clip_grad_norm
@@ -97,6 +98,7 @@ class OnPolicyLearner(StepPair):
         self._counted = torch.zeros(self.seed_shape, device=self.device)
         self.sums: MetricSums | None = None
         self.acting_graph: torch.cuda.CUDAGraph | None = None
+        self._act_on_device = self._act_and_write  # compiled by build where the plan says
         self.updates = 0  # rollouts learned from over the whole run (a resumed one included)
 
     def _adam(self, params: Any) -> torch.optim.Adam:
@@ -250,20 +252,51 @@ class OnPolicyLearner(StepPair):
         if normalizer is not None:  # what the capture's warm-up reads: the current statistics
             normalizer.write_stats(self._stats_rows)
             self._inputs.copy_(self._inputs_host)
+        self._act_on_device = self._acting_body()
         if not self.plan.graphs:
             return
         try:
-            self.acting_graph, _ = capture_graph(self._copy_act_into_rollout, self.device,
-                                                 what="PPO's acting with its copy in")
-            self._copies_in_graph = True
-        except CaptureError as with_copy:
-            try:
-                self.acting_graph, _ = capture_graph(self._act_into_rollout, self.device,
-                                                     what="PPO's acting")
-                warnings.warn(f"{with_copy}; copying outside the graph", stacklevel=3)
-            except CaptureError as error:
+            self.acting_graph = self._capture_acting()
+        except CaptureError as error:
+            if self._act_on_device == self._act_and_write:
                 warnings.warn(f"{error}; acting eagerly instead", stacklevel=3)
+            else:  # the compiled kernels would not capture: the plain ones may
+                self._act_on_device = self._act_and_write
+                try:
+                    self.acting_graph = self._capture_acting()
+                    warnings.warn(f"{error}; capturing it uncompiled", stacklevel=3)
+                except CaptureError as plain:
+                    warnings.warn(f"{plain}; acting eagerly instead", stacklevel=3)
         self.rollout.position.zero_()  # the warm-up's row is the first step's to overwrite
+
+    def _capture_acting(self) -> torch.cuda.CUDAGraph:
+        """The acting's graph with the copy in from the staging, or, where that copy cannot
+        be captured, without it (with a warning); raises :class:`CaptureError` where the
+        acting itself cannot be captured."""
+        try:
+            graph, _ = capture_graph(self._copy_act_into_rollout, self.device,
+                                     what="PPO's acting with its copy in")
+            self._copies_in_graph = True
+            return graph
+        except CaptureError as with_copy:
+            graph, _ = capture_graph(self._act_into_rollout, self.device, what="PPO's acting")
+            warnings.warn(f"{with_copy}; copying outside the graph", stacklevel=4)
+            return graph
+
+    def _acting_body(self) -> Any:
+        """:meth:`_act_and_write`, compiled where the plan compiles: its two dozen small
+        kernels (normalise, sample, log-probability, value, the row) fused into fewer, which
+        shortens both the graph's launch and the device's acting, the one-env step's path.
+        Uncompiled, with a one-line warning, where the compiler fails on it. Compiling runs
+        it once: the step counter is reset (the first action overwrites that row) and the
+        generators are put back, so building draws nothing."""
+        if not self.plan.compile:
+            return self._act_and_write
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            compiled = compile_now(self._act_and_write, what="PPO's acting")
+        self.rollout.position.zero_()
+        return compiled or self._act_and_write
 
     def _copy_act_into_rollout(self) -> None:
         """The staging's copy to the device, then :meth:`_act_into_rollout`."""
@@ -274,6 +307,14 @@ class OnPolicyLearner(StepPair):
     def _act_into_rollout(self) -> None:
         """:meth:`start_acting`'s device work, from the inputs on the device to the actions in
         the host buffer: the same launches every step."""
+        actions = self._act_on_device()
+        self._actions_host.copy_(actions.reshape(self._actions_host.shape), non_blocking=True)
+
+    @torch.no_grad()
+    def _act_and_write(self) -> Tensor:
+        """Normalise the inputs on the device (under ``--obs-norm``), sample the actions, and
+        write the rollout's next row; the actions. No copy between host and device (the
+        compiler is given none to place)."""
         observations = self._observations.view(*self.seed_shape, self.rollout.num_envs, -1)
         normalizer = self.rollout.normalizer
         if normalizer is not None:
@@ -281,7 +322,7 @@ class OnPolicyLearner(StepPair):
             observations = normalizer.normalize(observations)
         actions, log_probs, values = self.act(observations)
         self.rollout.write_acted(observations, actions, log_probs, values)
-        self._actions_host.copy_(actions.reshape(self._actions_host.shape), non_blocking=True)
+        return actions
 
     # ------------------------------------------------------------------ updating
 

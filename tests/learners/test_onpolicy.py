@@ -5,6 +5,7 @@ for the rest of the update with no host sync, and a checkpoint resumes exactly."
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 
 import pytest
@@ -19,8 +20,10 @@ from ppotools import (
     parameters,
 )
 
-from rl_graphstep.core import guards
+from rl_graphstep.core import compiling, guards
+from rl_graphstep.core.errors import CaptureError
 from rl_graphstep.core.gatedadam import GatedAdam
+from rl_graphstep.learners import onpolicy
 from rl_graphstep.networks.policies import ActionEvaluation
 
 
@@ -270,3 +273,69 @@ def test_acting_fills_the_rows_with_what_it_returns(seeds: int, discrete: int) -
 @pytest.mark.parametrize("seeds", [1, 2])
 def test_acting_brings_the_statistics_it_normalises_with(seeds: int) -> None:
     check_staged_statistics(make_learner(seeds, obs_norm=True)[0])
+
+
+def compiled_acting(learner: onpolicy.OnPolicyLearner) -> bool:
+    return learner._act_on_device != learner._act_and_write
+
+
+@pytest.mark.parametrize(("seeds", "discrete"), [(1, 0), (2, 0), (2, 3)],
+                         ids=["one", "seeds", "discrete"])
+def test_compiled_acting_fills_the_rows_with_what_it_returns(seeds: int, discrete: int) -> None:
+    learner = make_learner(seeds, discrete=discrete, compile=True)[0]
+    assert compiled_acting(learner)
+    check_acting(learner)
+
+
+@pytest.mark.parametrize("seeds", [1, 2])
+def test_compiled_acting_brings_the_statistics_it_normalises_with(seeds: int) -> None:
+    learner = make_learner(seeds, obs_norm=True, compile=True)[0]
+    assert compiled_acting(learner)
+    check_staged_statistics(learner)
+
+
+def test_compiling_the_acting_draws_nothing_and_leaves_the_rollout_empty() -> None:
+    """The compiler's one call samples and writes a row: the generator comes back to where
+    an uncompiled build leaves it, and the step counter to the first row."""
+    learner = make_learner(compile=True)[0]
+    compiled_state = torch.get_rng_state()
+    plain = make_learner()[0]
+    assert compiled_acting(learner) and not compiled_acting(plain)
+    assert torch.equal(compiled_state, torch.get_rng_state())
+    assert int(learner.rollout.position) == 0
+
+
+def test_acting_the_compiler_fails_on_runs_uncompiled_with_one_warning(monkeypatch) -> None:
+    def failing(function):
+        def call(*args):
+            raise RuntimeError("backend exploded")
+        return call
+
+    monkeypatch.setattr(compiling, "compile_static", failing)
+    with pytest.warns(UserWarning, match=r"torch.compile failed on PPO's acting "
+                                         r"\(RuntimeError: backend exploded\)"):
+        learner = make_learner(compile=False)[0]
+        learner.plan = dataclasses.replace(learner.plan, compile=True)
+        learner._build_acting()
+    assert not compiled_acting(learner)
+    check_acting(learner)
+
+
+def test_compiled_acting_that_will_not_capture_is_captured_uncompiled(monkeypatch) -> None:
+    """Where the compiled kernels cannot be captured, the plain ones are, with one warning
+    that says so (the capture itself is faked: this runs on the CPU)."""
+    learner = make_learner(compile=True)[0]
+    sentinel = object()
+
+    def capture(function, device, *, what, **kwargs):
+        if compiled_acting(learner):
+            raise CaptureError(f"{what} could not be captured: a fake failure")
+        return sentinel, None
+
+    monkeypatch.setattr(onpolicy, "capture_graph", capture)
+    learner.plan = dataclasses.replace(learner.plan, graphs=True)
+    with pytest.warns(UserWarning) as warned:
+        learner._build_acting()
+    assert [str(w.message) for w in warned] == [
+        "PPO's acting could not be captured: a fake failure; capturing it uncompiled"]
+    assert learner.acting_graph is sentinel and not compiled_acting(learner)

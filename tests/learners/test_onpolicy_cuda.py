@@ -1,6 +1,7 @@
 """GPU tests of the on-policy learner: the captured minibatch (one graph: gather, critic step,
 actor step, metrics) matches its eager twin over a few updates and the separate step graphs
-bit for bit, with K seeds and the target-KL gate too, and an update makes no host sync."""
+bit for bit, with K seeds and the target-KL gate too, and an update makes no host sync; the
+captured acting (compiled or not) fills the rollout with what it returns."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from ppotools import (
 )
 
 from rl_graphstep.graphstep import CudaGraphAdaptationStep
+from rl_graphstep.learners.onpolicy import OnPolicyLearner
 
 pytestmark = pytest.mark.cuda
 
@@ -101,16 +103,28 @@ def test_an_update_makes_no_host_sync(settings: dict) -> None:
     torch.cuda.synchronize()
 
 
+def captured_acting(learner: OnPolicyLearner, compiled: bool) -> None:
+    """The acting is one graph with its copy in, of compiled kernels where asked for."""
+    assert learner.acting_graph is not None and learner._copies_in_graph
+    assert (learner._act_on_device != learner._act_and_write) == compiled
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["plain", "compiled"])
 @pytest.mark.parametrize(("seeds", "discrete"), [(1, 0), (2, 0), (2, 3)],
                          ids=["one", "seeds", "discrete"])
-def test_captured_acting_fills_the_rows_with_what_it_returns(seeds: int, discrete: int) -> None:
-    learner, _ = make_learner(seeds, device="cuda", graphs=True, discrete=discrete)
-    assert learner.acting_graph is not None
+def test_captured_acting_fills_the_rows_with_what_it_returns(seeds: int, discrete: int,
+                                                             compiled: bool) -> None:
+    learner, _ = make_learner(seeds, device="cuda", graphs=True, discrete=discrete,
+                              compile=compiled)
+    captured_acting(learner, compiled)
     check_acting(learner)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["plain", "compiled"])
 @pytest.mark.parametrize("seeds", [1, 2])
-def test_captured_acting_brings_the_statistics_it_normalises_with(seeds: int) -> None:
-    learner, _ = make_learner(seeds, device="cuda", graphs=True, obs_norm=True)
-    assert learner.acting_graph is not None
+def test_captured_acting_brings_the_statistics_it_normalises_with(seeds: int,
+                                                                  compiled: bool) -> None:
+    learner, _ = make_learner(seeds, device="cuda", graphs=True, obs_norm=True,
+                              compile=compiled)
+    captured_acting(learner, compiled)
     check_staged_statistics(learner)
