@@ -17,12 +17,22 @@ step (``torch.cuda.synchronize`` after ``OffPolicyLearner.update``, patched in t
 only): the baseline that overlap is measured against. The product always overlaps.
 
     python benchmarks/throughput.py --envs HalfCheetah-v5 --steps 10000 --eager-steps 2000
+
+``--update-flags`` instead times and profiles one iteration's updates alone, built from any
+training flags (a config, K seeds, a batch size), with its kernels by name: where the update
+of a many-env recipe spends its time.
+
+    python benchmarks/throughput.py --update-flags "--config sac_mujoco_parallel --num-seeds 5 \
+        --compile on"
+
+(``--compile auto`` counts no updates ahead here, so it does not compile: say ``on``.)
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import shlex
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -30,7 +40,7 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 import torch
-from cli import cli_main, nonnegative_int, positive_int
+from cli import BenchmarkError, check_training, cli_main, nonnegative_int, positive_int
 from learner import built_learner
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
@@ -137,6 +147,25 @@ def time_updates(learner: OffPolicyLearner, updates: int) -> float:
     return (time.perf_counter() - began) / updates * 1e6
 
 
+def profile_update_alone(env_id: str, flags: list[str], updates: int) -> None:
+    """One iteration's updates (``learner.update()``: ``--updates-per-step`` of them) built
+    from ``flags`` on CUDA graphs: µs per iteration over ``updates`` iterations, then its
+    kernels, their device time and the 40 largest kernels by name."""
+    check_training(env_id, flags, "--update-flags")
+    if not torch.cuda.is_available():
+        raise BenchmarkError("--update-flags times the update on the GPU: it needs CUDA")
+    learner = build_update(env_id, ["--graph", "on", *flags])
+    cfg = learner.cfg
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; {env_id} "
+          f"{shlex.join(flags)}: {cfg.updates_per_step} update(s) of batch {cfg.batch_size} "
+          f"x {cfg.num_seeds} seed(s) an iteration, {learner.plan.describe()}", flush=True)
+    iteration_us = time_updates(learner, updates)
+    kernels, kernel_us = profile_updates(learner, True, "one iteration")
+    print(f"{iteration_us:,.0f} µs per iteration ({iteration_us / cfg.updates_per_step:,.0f} "
+          f"per update), {kernels:,.0f} kernels, {kernel_us:,.0f} µs of kernel time "
+          f"({kernel_us / iteration_us:.0%} of it)")
+
+
 def profile_updates(learner: OffPolicyLearner, breakdown: bool, mode: str
                     ) -> tuple[float, float]:
     """(kernels per update, kernel µs per update) from the torch profiler."""
@@ -179,7 +208,17 @@ def main() -> None:
                         help="instead: time the parts of each mode's loop (µs per env step)")
     parser.add_argument("--num-seeds", type=positive_int, default=1,
                         help="seeds trained together in --profile-host and --host-split")
+    parser.add_argument("--update-flags", metavar="FLAGS",
+                        help="instead: time and profile one iteration's updates alone, built "
+                        "with these training flags (on the first of --envs), kernels by name")
     args = parser.parse_args()
+    if args.update_flags is not None:
+        try:
+            flags = shlex.split(args.update_flags)
+        except ValueError as error:
+            raise BenchmarkError(f"--update-flags: {error} in {args.update_flags!r}") from None
+        profile_update_alone(args.envs[0], flags, args.updates)
+        return
     if args.profile_host:
         profile_host(args.envs[0], args.profile_host, args.steps, args.learning_starts,
                      args.num_seeds)
