@@ -293,7 +293,9 @@ class OnPolicyLearner(StepPair):
         if not self.plan.compile:
             return self._act_and_write
         devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
+        # Without gradients, as :meth:`_act_into_rollout` calls it: the compiler guards on
+        # the grad mode and would compile it again at the first action.
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
             compiled = compile_now(self._act_and_write, what="PPO's acting")
         self.rollout.position.zero_()
         return compiled or self._act_and_write

@@ -294,6 +294,13 @@ def test_compiled_acting_brings_the_statistics_it_normalises_with(seeds: int) ->
     check_staged_statistics(learner)
 
 
+def test_compiled_acting_is_compiled_once(monkeypatch) -> None:
+    """Built as it is called (without gradients): a rollout of actions compiles nothing more."""
+    learner = make_learner(seeds=2, obs_norm=True, compile=True)[0]
+    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+    check_staged_statistics(learner)
+
+
 def test_compiling_the_acting_draws_nothing_and_leaves_the_rollout_empty() -> None:
     """The compiler's one call samples and writes a row: the generator comes back to where
     an uncompiled build leaves it, and the step counter to the first row."""
