@@ -301,7 +301,7 @@ def test_compiled_acting_is_compiled_once(monkeypatch) -> None:
     check_staged_statistics(learner)
 
 
-def test_compiling_the_acting_draws_nothing_and_leaves_the_rollout_empty() -> None:
+def test_compiling_the_acting_draws_nothing_and_resets_the_step_counter() -> None:
     """The compiler's one call samples and writes a row: the generator comes back to where
     an uncompiled build leaves it, and the step counter to the first row."""
     learner = make_learner(compile=True)[0]
