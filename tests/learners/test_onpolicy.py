@@ -294,11 +294,11 @@ def test_compiled_acting_brings_the_statistics_it_normalises_with(seeds: int) ->
     check_staged_statistics(learner)
 
 
-def test_compiled_acting_is_compiled_once(monkeypatch) -> None:
+def test_compiled_acting_is_compiled_once() -> None:
     """Built as it is called (without gradients): a rollout of actions compiles nothing more."""
     learner = make_learner(seeds=2, obs_norm=True, compile=True)[0]
-    monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
-    check_staged_statistics(learner)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        check_staged_statistics(learner)
 
 
 def test_compiling_the_acting_draws_nothing_and_resets_the_step_counter() -> None:
