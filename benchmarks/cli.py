@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -49,6 +50,15 @@ def _number(text: str, kind: type, wanted: str, ok: Callable[[float], bool]) -> 
     if value is None or not ok(value):
         raise argparse.ArgumentTypeError(f"takes {wanted}, got {text!r}")
     return value
+
+
+def split_flags(text: str, what: str) -> list[str]:
+    """Training flags given as one string, split as a shell would; a one-line
+    ``BenchmarkError`` naming ``what`` (the option) where they cannot be (an unclosed quote)."""
+    try:
+        return shlex.split(text)
+    except ValueError as error:
+        raise BenchmarkError(f"{what}: {error} in {text!r}") from None
 
 
 def check_training(env_id: str, flags: Sequence[str], what: str) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import shlex
 import statistics
 import tempfile
 import time
@@ -26,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
-from cli import cli_main
+from cli import cli_main, split_flags
 
 import rl_graphstep.train as training
 from rl_graphstep.data.normalizer import ObservationNormalizer, RewardNormalizer
@@ -135,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"{args.rollouts}")
     with tempfile.TemporaryDirectory() as log_dir:
         base = ["--algo", "ppo", "--env", args.env, "--device", args.device, "--log-dir",
-                log_dir, "--no-progress", *shlex.split(args.flags)]
+                log_dir, "--no-progress", *split_flags(args.flags, "--flags")]
         cfg = load_config(base)
         rollout = cfg.num_envs * cfg.num_steps  # env steps of a seed's rollout
         cfg_args = [*base, "--total-timesteps", str(args.rollouts * rollout),

@@ -40,7 +40,14 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 import torch
-from cli import BenchmarkError, check_training, cli_main, nonnegative_int, positive_int
+from cli import (
+    BenchmarkError,
+    check_training,
+    cli_main,
+    nonnegative_int,
+    positive_int,
+    split_flags,
+)
 from learner import built_learner
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
@@ -213,11 +220,8 @@ def main() -> None:
                         "with these training flags (on the first of --envs), kernels by name")
     args = parser.parse_args()
     if args.update_flags is not None:
-        try:
-            flags = shlex.split(args.update_flags)
-        except ValueError as error:
-            raise BenchmarkError(f"--update-flags: {error} in {args.update_flags!r}") from None
-        profile_update_alone(args.envs[0], flags, args.updates)
+        profile_update_alone(args.envs[0], split_flags(args.update_flags, "--update-flags"),
+                             args.updates)
         return
     if args.profile_host:
         profile_host(args.envs[0], args.profile_host, args.steps, args.learning_starts,

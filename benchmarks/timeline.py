@@ -24,12 +24,11 @@ process: the profiler slows every later CUDA call of the process.
 from __future__ import annotations
 
 import argparse
-import shlex
 import tempfile
 from collections.abc import Callable
 
 import torch
-from cli import cli_main, nonnegative_int, positive_int
+from cli import cli_main, nonnegative_int, positive_int, split_flags
 from throughput import build_update, calling_at_learning, profile_updates
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -193,6 +192,7 @@ def main() -> None:
     parser.add_argument("--update-kernels", action="store_true",
                         help="then list the kernels of the update alone, to tell them apart")
     args = parser.parse_args()
+    flags = split_flags(args.flags, "--flags")
     if not torch.cuda.is_available():
         raise SystemExit("timeline.py profiles the GPU loop: it needs CUDA")
     with tempfile.TemporaryDirectory() as log_dir:
@@ -200,7 +200,7 @@ def main() -> None:
             ["--env", args.env, "--num-seeds", str(args.seeds), "--vec-env", args.vec_env,
              "--graph", "on", "--compile", "on", "--total-timesteps", str(args.steps),
              "--learning-starts", str(args.learning_starts), "--buffer-size", str(args.steps),
-             "--log-dir", log_dir, "--no-progress", *shlex.split(args.flags)],
+             "--log-dir", log_dir, "--no-progress", *flags],
             args.skip, args.window,
             host=not args.gpu_only)
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; {args.env}, K="

@@ -21,12 +21,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
 
-from cli import cli_main, nonnegative_int, positive_int
+from cli import cli_main, nonnegative_int, positive_int, split_flags
 
 _LOOP = """import json, sys, tempfile
 sys.path.insert(0, "benchmarks")
@@ -86,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                         "the loop's own, so they win: --flags '--config sac_mujoco_parallel "
                         "--vec-env shared'); every tree must take them")
     args = parser.parse_args(argv)
+    flags = split_flags(args.flags, "--flags")
     trees = []
     for spec in args.tree:
         name, _, path = spec.partition("=")
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         for name, tree in trees if round_ % 2 else trees[::-1]:
             for k in args.seeds:
                 loop = run_in(tree, args.env, k, args.steps, args.learning_starts, args.device,
-                              shlex.split(args.flags))
+                              flags)
                 results.append({"round": round_, "tree": name, "k": k, **loop})
                 print(json.dumps(results[-1]), flush=True)
     print(table(results))

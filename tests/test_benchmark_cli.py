@@ -93,6 +93,15 @@ def test_cli_main_passes_the_exit_code_and_keeps_a_bug_s_traceback() -> None:
         main(-1)
 
 
+def test_split_flags_splits_as_a_shell_does_and_refuses_in_one_line() -> None:
+    assert cli.split_flags("--config sac_mujoco_parallel --run-name 'a b'", "--flags") == [
+        "--config", "sac_mujoco_parallel", "--run-name", "a b"]
+    assert cli.split_flags("", "--flags") == []
+    with pytest.raises(cli.BenchmarkError,
+                       match=r"^--flags: No closing quotation in \"--seed '1\"$"):
+        cli.split_flags("--seed '1", "--flags")
+
+
 def test_check_training_names_the_run_it_refuses() -> None:
     cli.check_training("Pendulum-v1", ["--batch-size", "64"], "arm a")
     with pytest.raises(cli.BenchmarkError, match="^arm b: unknown flag --bogus"):
@@ -118,6 +127,13 @@ def test_check_training_names_the_run_it_refuses() -> None:
     (["graphstep.py", "--device", "cpu", "--updates", "0"],
      "graphstep.py: error: argument --updates: takes a positive int, got '0'"),
     (["table.py", "collect", "{tmp}/none"], "table.py: error: {tmp}/none: no such folder"),
+    # Training flags in one string, with an unclosed quote (split_flags)
+    (["ppo_split.py", "--device", "cpu", "--flags", "--seed '1"],
+     "ppo_split.py: error: --flags: No closing quotation in \"--seed '1\""),
+    (["trees.py", "--tree", "a=.", "--flags", "--seed '1"],
+     "trees.py: error: --flags: No closing quotation in \"--seed '1\""),
+    (["timeline.py", "--flags", "--seed '1"],
+     "timeline.py: error: --flags: No closing quotation in \"--seed '1\""),
 ])
 def test_a_script_s_bad_input_is_one_line_before_anything_runs(
         argv: list[str], line: str, tmp_path: Path) -> None:
