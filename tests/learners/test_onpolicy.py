@@ -23,7 +23,7 @@ from ppotools import (
 from rl_graphstep.core import compiling, guards
 from rl_graphstep.core.errors import CaptureError
 from rl_graphstep.core.gatedadam import GatedAdam
-from rl_graphstep.learners import onpolicy
+from rl_graphstep.learners import onpolicy, rolloutacting
 from rl_graphstep.networks.policies import ActionEvaluation
 
 
@@ -339,7 +339,7 @@ def test_compiled_acting_that_will_not_capture_is_captured_uncompiled(monkeypatc
             raise CaptureError(f"{what} could not be captured: a fake failure")
         return sentinel, None
 
-    monkeypatch.setattr(onpolicy, "capture_graph", capture)
+    monkeypatch.setattr(rolloutacting, "capture_graph", capture)
     learner.plan = dataclasses.replace(learner.plan, graphs=True)
     with pytest.warns(UserWarning) as warned:
         learner._build_acting()
